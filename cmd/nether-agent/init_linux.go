@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// initSystem does what an init does before anything else can run: the
+// kernel gives PID 1 an empty rootfs with no mounts.
+func initSystem(params map[string]string, log *slog.Logger) error {
+	var errs []error
+	mounts := []struct {
+		src, dst, fstype string
+		flags            uintptr
+		data             string
+		mode             os.FileMode
+	}{
+		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555},
+		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555},
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755", 0o755},
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "gid=5,mode=620,ptmxmode=666", 0o755},
+		{"tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777", 0o1777},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755", 0o755},
+	}
+	for _, m := range mounts {
+		if err := os.MkdirAll(m.dst, m.mode); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil && !errors.Is(err, unix.EBUSY) {
+			errs = append(errs, fmt.Errorf("mounting %s on %s: %w", m.fstype, m.dst, err))
+		}
+	}
+	if err := loadModules("/etc/nether/modules", log); err != nil {
+		errs = append(errs, err)
+	}
+	if err := linkUp("lo"); err != nil {
+		errs = append(errs, fmt.Errorf("bringing up lo: %w", err))
+	}
+	host := params["nether.hostname"]
+	if host == "" {
+		host = "sandbox"
+	}
+	if err := unix.Sethostname([]byte(host)); err != nil {
+		errs = append(errs, fmt.Errorf("setting hostname: %w", err))
+	}
+	os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
+	os.Setenv("HOME", "/root")
+	return errors.Join(errs...)
+}
+
+// loadModules loads the kernel modules the image builder listed, in the
+// order it resolved from modules.dep (dependencies first).
+func loadModules(list string, log *slog.Logger) error {
+	f, err := os.Open(list)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	defer f.Close()
+	var errs []error
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		path := strings.TrimSpace(sc.Text())
+		if path == "" || strings.HasPrefix(path, "#") {
+			continue
+		}
+		if err := loadModule(path); err != nil {
+			errs = append(errs, fmt.Errorf("loading %s: %w", filepath.Base(path), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func loadModule(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	err = unix.FinitModule(int(f.Fd()), "", 0)
+	if errors.Is(err, unix.EEXIST) {
+		return nil
+	}
+	return err
+}
+
+func linkUp(name string) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(name)
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(fd, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return err
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	return unix.IoctlIfreq(fd, unix.SIOCSIFFLAGS, ifr)
+}
+
+// openPort finds the virtio-serial port by name. Without udev there are no
+// /dev/virtio-ports links, so we read the names from sysfs. The port shows
+// up once virtio_console has probed, which may be after we start.
+func openPort(name string, wait time.Duration) (*os.File, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		dirs, _ := filepath.Glob("/sys/class/virtio-ports/*")
+		for _, d := range dirs {
+			b, err := os.ReadFile(filepath.Join(d, "name"))
+			if err == nil && strings.TrimSpace(string(b)) == name {
+				return os.OpenFile(filepath.Join("/dev", filepath.Base(d)), os.O_RDWR, 0)
+			}
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("virtio-serial port %q did not appear within %s", name, wait)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// powerOff ends the guest. QEMU exits when the guest powers off.
+func powerOff(log *slog.Logger) {
+	unix.Sync()
+	if os.Getpid() != 1 {
+		os.Exit(0)
+	}
+	// Let other processes go first so nothing is mid-write.
+	unix.Kill(-1, unix.SIGTERM)
+	time.Sleep(50 * time.Millisecond)
+	unix.Kill(-1, unix.SIGKILL)
+	unix.Sync()
+	if err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF); err != nil {
+		log.Error("agent: power off failed", "err", err)
+	}
+	select {}
+}

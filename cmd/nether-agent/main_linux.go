@@ -1,0 +1,78 @@
+// nether-agent is PID 1 of the guest: it prepares the system, then serves
+// nether over the channel (one virtio-serial port): runs shell commands,
+// moves files and powers the guest off when told to.
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nethersandbox/nether/internal/agentproto"
+	"github.com/nethersandbox/nether/internal/channel"
+)
+
+// portName is the virtio-serial port name nether gives the channel.
+const portName = "nether.channel"
+
+func main() {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	params := kernelParams()
+	if os.Getpid() == 1 {
+		if err := initSystem(params, log); err != nil {
+			log.Error("agent: preparing the guest failed", "err", err)
+		}
+	}
+	r := newReaper()
+	go r.run()
+
+	if params["nether.console"] == "1" {
+		// Console mode: nobody drives the channel; a shell on the serial
+		// console is the interface and the guest ends when it exits.
+		go func() {
+			runConsoleShell(r, log)
+			powerOff(log)
+		}()
+	}
+
+	port, err := openPort(portName, 20*time.Second)
+	if err != nil {
+		log.Error("agent: no channel port; nothing to serve", "err", err)
+		if os.Getpid() == 1 {
+			select {} // PID 1 must not exit; the console shell (if any) still runs
+		}
+		os.Exit(1)
+	}
+	mux := channel.New(channel.Guest, log)
+	mux.Attach(port, true)
+
+	a := &agent{log: log, reaper: r, mux: mux}
+	if hello, err := mux.Open(agentproto.Request{Op: agentproto.OpHello, Version: agentproto.Version, Boot: bootID()}.Encode()); err == nil {
+		hello.CloseWrite(nil)
+	}
+	for {
+		s, err := mux.Accept(context.Background())
+		if err != nil {
+			log.Error("agent: channel closed", "err", err)
+			select {}
+		}
+		go a.serve(s)
+	}
+}
+
+func kernelParams() map[string]string {
+	b, _ := os.ReadFile("/proc/cmdline")
+	m := map[string]string{}
+	for _, f := range strings.Fields(string(b)) {
+		k, v, _ := strings.Cut(f, "=")
+		m[k] = v
+	}
+	return m
+}
+
+func bootID() string {
+	b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	return strings.TrimSpace(string(b))
+}

@@ -1,0 +1,112 @@
+// nether supervises one sandbox: it reads nether.conf from the directory
+// it is started in, boots the guest and serves its control socket.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/internal/sandbox"
+)
+
+const usage = `nether: run one Linux sandbox.
+
+Usage: cd <launch-dir> && nether [-log-level debug|info|warn|error]
+
+nether reads nether.conf from the current directory (the launch
+directory), boots a guest under QEMU and, with control_socket set,
+serves the control protocol (v2) on that Unix socket. The launch
+directory is also the transfer jail: host paths given to __put__ and
+__get__ resolve beneath it and nowhere else. The serial console is
+written to console.log there.
+
+Without control_socket, nether runs in console mode: the guest's
+console is on stdout, stdin goes to a shell in the guest, and nether
+stops when the guest powers off (type exit, or send end-of-file).
+
+Every stop ends with one line on stdout:
+  [nether] final usage (reason=...): uptime_ms=... cpu_ms=... ...
+(with x402=on: "[nether] x402 settlement (reason=...)").
+
+nether.conf keys (key = value, # comments):
+  control_socket    path of the control socket (enables control mode)
+  cpus              vCPUs (default 1)
+  ram_mb            guest RAM in MiB (default 512)
+  max_output_bytes  per-command output cap, 0 = unlimited (default 1048576)
+  x402              on|off: settlement framing of the final record (default off)
+  accel             auto|kvm|tcg (default auto: KVM only on a CPU with vmx/svm)
+  kernel, image     guest kernel and initramfs (default: what setup built)
+
+Exit status: 0 after a clean stop (shutdown, guest power-off, SIGTERM),
+1 when the engine failed, 2 for a bad configuration.
+
+Environment: NETHER_GUEST_DIR overrides where the default guest image is
+looked up (default: ../build/guest next to the nether binary).
+`
+
+func main() {
+	flag.Usage = func() { fmt.Fprint(os.Stderr, usage) }
+	level := flag.String("log-level", "info", "log level on stderr: debug, info, warn or error")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "nether: unexpected argument %q; nether takes its settings from nether.conf (see nether -help)\n", flag.Arg(0))
+		os.Exit(2)
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		fmt.Fprintf(os.Stderr, "nether: -log-level %q: want debug, info, warn or error\n", *level)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+
+	dir, err := os.Getwd()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "nether: finding the launch directory: %v\n", err)
+		os.Exit(2)
+	}
+	cfg, err := conf.Load(dir)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "nether: %v\n", err)
+		os.Exit(2)
+	}
+	if cfg.Restore || cfg.ValidateSnapshot != "" {
+		key := "restore"
+		if cfg.ValidateSnapshot != "" {
+			key = "validate_snapshot"
+		}
+		fmt.Fprintf(os.Stderr, "nether: %s: snapshot restore and validation are not available in this build yet\n", key)
+		os.Exit(2)
+	}
+	for _, l := range cfg.Report() {
+		log.Debug("config", "setting", l)
+	}
+	os.Exit(sandbox.Run(sandbox.Options{
+		Config:   cfg,
+		Log:      log,
+		Stdout:   os.Stdout,
+		Stdin:    os.Stdin,
+		GuestDir: guestDir(),
+	}))
+}
+
+func guestDir() string {
+	if d := os.Getenv("NETHER_GUEST_DIR"); d != "" {
+		return d
+	}
+	exe, err := os.Executable()
+	if err == nil {
+		if real, err := filepath.EvalSymlinks(exe); err == nil {
+			exe = real
+		}
+		d := filepath.Join(filepath.Dir(exe), "..", "build", "guest")
+		if _, err := os.Stat(d); err == nil || !errors.Is(err, os.ErrNotExist) {
+			return d
+		}
+	}
+	return filepath.Join("build", "guest")
+}

@@ -1,0 +1,81 @@
+// Package agentproto defines what nether and the in-guest agent say to
+// each other inside channel streams: the metadata a stream is opened with
+// and the status it is closed with. The channel moves bytes; this package
+// gives them meaning.
+//
+// Every stream is opened with a JSON Request as its metadata. The agent
+// answers on the same stream: output or file bytes, then CloseWrite with a
+// status text, or Reset with an error message.
+package agentproto
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Version is bumped on any incompatible change to this package.
+const Version = 1
+
+// Operations.
+const (
+	OpHello    = "hello"    // agent -> host, once per boot: the agent is up
+	OpExec     = "exec"     // host -> agent: run a shell command, stream its output
+	OpPut      = "put"      // host -> agent: file bytes follow; status carries the length
+	OpGet      = "get"      // host -> agent: send a file's bytes back
+	OpPoweroff = "poweroff" // host -> agent: sync and power the guest off
+)
+
+// Request is the metadata of every stream.
+type Request struct {
+	Op      string `json:"op"`
+	Version int    `json:"version,omitempty"`
+	Command string `json:"command,omitempty"` // exec
+	Path    string `json:"path,omitempty"`    // put, get
+	Mode    uint32 `json:"mode,omitempty"`    // put: permission bits
+	Boot    string `json:"boot,omitempty"`    // hello: the guest's boot id
+}
+
+// Encode returns the request as stream metadata.
+func (r Request) Encode() []byte {
+	b, _ := json.Marshal(r) // cannot fail: plain strings and numbers
+	return b
+}
+
+// Decode parses stream metadata. Both sides treat the other as untrusted.
+func Decode(b []byte) (Request, error) {
+	var r Request
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("decoding agent request: %w", err)
+	}
+	switch r.Op {
+	case OpHello, OpExec, OpPut, OpGet, OpPoweroff:
+	default:
+		return r, fmt.Errorf("unknown agent operation %q", r.Op)
+	}
+	return r, nil
+}
+
+// OKStatus is the close status of a transfer that moved n bytes.
+func OKStatus(n int64) []byte { return []byte("ok " + strconv.FormatInt(n, 10)) }
+
+// ParseOKStatus reads a transfer status; anything but "ok <n>" is an error.
+func ParseOKStatus(b []byte) (int64, error) {
+	s, ok := strings.CutPrefix(string(b), "ok ")
+	if !ok {
+		return 0, fmt.Errorf("agent reported %q", truncate(string(b), 200))
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("agent reported a malformed length %q", truncate(s, 40))
+	}
+	return n, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}

@@ -1,0 +1,303 @@
+package channel
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"reflect"
+	"sync"
+	"testing"
+	"time"
+)
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// pair connects a host and a guest Mux over an in-memory pipe.
+func pair(t *testing.T) (host, guest *Mux, hc, gc net.Conn) {
+	t.Helper()
+	host, guest = New(Host, quietLog()), New(Guest, quietLog())
+	hc, gc = net.Pipe()
+	host.Attach(hc, false)
+	guest.Attach(gc, false)
+	t.Cleanup(func() { host.Close(); guest.Close(); hc.Close(); gc.Close() })
+	return
+}
+
+func accept(t *testing.T, m *Mux) *Stream {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := m.Accept(ctx)
+	if err != nil {
+		t.Fatalf("accept: %v", err)
+	}
+	return s
+}
+
+func TestStreamRoundTrip(t *testing.T) {
+	for _, size := range []int{0, 1, MaxPayload - 1, MaxPayload + 1, 3 * Window} {
+		t.Run("", func(t *testing.T) {
+			host, guest, _, _ := pair(t)
+			data := make([]byte, size)
+			rand.Read(data)
+			s, err := host.Open([]byte("echo"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() {
+				s.Write(data)
+				s.CloseWrite([]byte("done"))
+			}()
+			g := accept(t, guest)
+			if string(g.Meta()) != "echo" {
+				t.Fatalf("meta %q", g.Meta())
+			}
+			got, err := io.ReadAll(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, data) {
+				t.Fatalf("got %d bytes, want %d", len(got), len(data))
+			}
+			if string(g.Status()) != "done" {
+				t.Fatalf("status %q", g.Status())
+			}
+		})
+	}
+}
+
+func TestCreditStopsAFloodingWriter(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	s, _ := host.Open(nil)
+	g := accept(t, guest)
+	_ = g
+	done := make(chan int)
+	go func() {
+		n, _ := s.WriteContext(ctxTimeout(t, 300*time.Millisecond), make([]byte, 4*Window))
+		done <- n
+	}()
+	n := <-done
+	if n != Window {
+		t.Fatalf("wrote %d bytes without the reader reading, want exactly one window (%d)", n, Window)
+	}
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestResetReachesBothSides(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	s, _ := host.Open(nil)
+	g := accept(t, guest)
+	g.Reset("no such file")
+	_, err := io.ReadAll(s)
+	if !errors.Is(err, ErrReset) {
+		t.Fatalf("read after peer reset: %v", err)
+	}
+}
+
+// TestResendAcrossTransportSwap is the property snapshots rely on: the
+// host half is captured, the old transport dies with bytes in flight, a
+// restored host half attaches a new transport, and every byte arrives
+// exactly once in order, in both directions.
+func TestResendAcrossTransportSwap(t *testing.T) {
+	host := New(Host, quietLog())
+	guest := New(Guest, quietLog())
+	defer guest.Close()
+	hc, gc := net.Pipe()
+	host.Attach(hc, false)
+	guest.Attach(gc, false)
+
+	s, _ := host.Open([]byte("cat"))
+	g := accept(t, guest)
+	var sent, echoed bytes.Buffer
+	var mu sync.Mutex
+	// The guest echoes everything back.
+	go func() { io.Copy(g, g); g.CloseWrite(nil) }()
+
+	chunk := make([]byte, 10000)
+	for i := 0; i < 5; i++ {
+		rand.Read(chunk)
+		mu.Lock()
+		sent.Write(chunk)
+		mu.Unlock()
+		s.Write(chunk)
+	}
+	// Read part of the echo on the old host, then freeze and capture.
+	buf := make([]byte, 20000)
+	n, _ := io.ReadFull(s, buf)
+	echoed.Write(buf[:n])
+	host.Freeze()
+	// More bytes sent while frozen go into the resend queue only.
+	rand.Read(chunk)
+	sent.Write(chunk)
+	s.Write(chunk)
+	st := host.State()
+	enc, err := st.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The old process dies: its transport goes away mid-flight.
+	host.Close()
+	hc.Close()
+	gc.Close()
+
+	st2, err := UnmarshalState(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host2, err := Restore(st2, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer host2.Close()
+	streams := host2.Streams()
+	if len(streams) != 1 || string(streams[0].Meta()) != "cat" {
+		t.Fatalf("restored streams: %v", streams)
+	}
+	s2 := streams[0]
+	hc2, gc2 := net.Pipe()
+	guest.Attach(gc2, false)
+	host2.Attach(hc2, false)
+	s2.CloseWrite(nil)
+	rest, err := io.ReadAll(s2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echoed.Write(rest)
+	if sha256.Sum256(echoed.Bytes()) != sha256.Sum256(sent.Bytes()) {
+		t.Fatalf("echo differs after the swap: sent %d bytes, got back %d", sent.Len(), echoed.Len())
+	}
+}
+
+func TestStateRoundTrip(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	s, _ := host.Open([]byte("meta"))
+	s.Write([]byte("hello"))
+	g := accept(t, guest)
+	g.Write([]byte("unread reply"))
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		host.mu.Lock()
+		n := len(s.unread)
+		host.mu.Unlock()
+		if n > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	host.Freeze()
+	st := host.State()
+	b, err := st.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	back, err := UnmarshalState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(st, back) {
+		t.Fatalf("state changed in a round trip:\n%+v\n%+v", st, back)
+	}
+	m, err := Restore(back, quietLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if !reflect.DeepEqual(m.State(), st) {
+		t.Fatalf("restored mux reports a different state")
+	}
+	if string(st.Streams[0].Unread) != "unread reply" {
+		t.Fatalf("unread bytes not captured: %q", st.Streams[0].Unread)
+	}
+}
+
+func TestUnmarshalStateRejectsBadInput(t *testing.T) {
+	good := &State{Version: StateVersion, Role: Host, NextSeq: 3, NextID: 1,
+		Unacked: []PendingFrame{{Seq: 2, Encoded: appendFrame(nil, &frame{typ: typeData, stream: 1, seq: 2, payload: []byte("x")})}}}
+	mutate := map[string]func(*State){
+		"version":         func(s *State) { s.Version = 99 },
+		"role":            func(s *State) { s.Role = 7 },
+		"zero next seq":   func(s *State) { s.NextSeq = 0 },
+		"id parity":       func(s *State) { s.NextID = 2 },
+		"seq beyond next": func(s *State) { s.Unacked[0].Seq = 5 },
+		"corrupt frame":   func(s *State) { s.Unacked[0].Encoded[36] ^= 1 },
+		"seq mismatch":    func(s *State) { s.Unacked[0].Seq = 1 },
+		"repeated stream": func(s *State) { s.Streams = []StreamState{{ID: 1}, {ID: 1}} },
+		"credit":          func(s *State) { s.Streams = []StreamState{{ID: 1, Credit: Window + 1}} },
+	}
+	b, _ := good.Marshal()
+	if _, err := UnmarshalState(b); err != nil {
+		t.Fatalf("good state refused: %v", err)
+	}
+	for name, f := range mutate {
+		t.Run(name, func(t *testing.T) {
+			var st State
+			b, _ := good.Marshal()
+			UnmarshalStateInto(t, b, &st)
+			f(&st)
+			bad, _ := st.Marshal()
+			if _, err := UnmarshalState(bad); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+	if _, err := UnmarshalState([]byte("{")); err == nil {
+		t.Fatal("accepted truncated json")
+	}
+}
+
+func UnmarshalStateInto(t *testing.T, b []byte, st *State) {
+	t.Helper()
+	back, err := UnmarshalState(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	*st = *back
+	st.Unacked = append([]PendingFrame(nil), back.Unacked...)
+	for i := range st.Unacked {
+		st.Unacked[i].Encoded = append([]byte(nil), back.Unacked[i].Encoded...)
+	}
+}
+
+func TestDecoderResynchronises(t *testing.T) {
+	f1 := appendFrame(nil, &frame{typ: typeData, stream: 1, seq: 1, payload: []byte("one")})
+	f2 := appendFrame(nil, &frame{typ: typeData, stream: 1, seq: 2, payload: []byte("two")})
+	cases := map[string][]byte{
+		"garbage before":       append([]byte("garbage\xa7N\xa7"), f2...),
+		"truncated frame":      append(append([]byte(nil), f1[:20]...), f2...),
+		"truncated payload":    append(append([]byte(nil), f1[:len(f1)-1]...), f2...),
+		"false magic in front": append([]byte{magic0, magic1, 1, 0}, f2...),
+	}
+	for name, in := range cases {
+		t.Run(name, func(t *testing.T) {
+			var d Decoder
+			// Feed a byte at a time: boundaries must not matter.
+			var got []*frame
+			for _, b := range in {
+				d.Feed([]byte{b})
+				for {
+					f, err := d.next()
+					if err != nil {
+						break
+					}
+					got = append(got, f)
+				}
+			}
+			if len(got) == 0 || string(got[len(got)-1].payload) != "two" {
+				t.Fatalf("did not recover frame two: %v", got)
+			}
+			if d.Skipped == 0 {
+				t.Fatal("skipped bytes not counted")
+			}
+		})
+	}
+}

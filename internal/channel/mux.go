@@ -1,0 +1,394 @@
+package channel
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+)
+
+// Role says which half of the channel a Mux is. The host opens odd stream
+// ids and the guest even ones, so the two never collide without a
+// negotiation.
+type Role uint8
+
+const (
+	Host  Role = 1
+	Guest Role = 2
+)
+
+var (
+	// ErrClosed is returned once the Mux is closed.
+	ErrClosed = errors.New("channel closed")
+	// ErrReset is returned by a stream the peer (or we) aborted.
+	ErrReset = errors.New("stream reset")
+)
+
+// Mux is one half of the channel.
+type Mux struct {
+	log  *slog.Logger
+	role Role
+
+	mu   sync.Mutex
+	cond *sync.Cond
+
+	nextSeq uint64 // seq of the next sequenced frame we send
+	recvSeq uint64 // highest peer seq received in order
+	ackSent uint64 // highest recvSeq we have put on the wire
+	unacked []pending
+	outq    [][]byte
+	nextID  uint32
+	streams map[uint32]*Stream
+	acceptq []*Stream
+
+	transport io.Writer // nil while there is no usable transport
+	gen       int       // bumped on each Attach; stale readers and writers stop
+	down      bool      // persistent transport failed a write; resend on next frame
+	frozen    bool
+	closed    bool
+
+	// counters for meters and logs
+	bytesIn, bytesOut uint64
+	skipped           uint64
+}
+
+type pending struct {
+	seq uint64
+	enc []byte
+}
+
+// New returns an unattached Mux. Frames queue until Attach.
+func New(role Role, log *slog.Logger) *Mux {
+	m := &Mux{log: log, role: role, nextSeq: 1, streams: map[uint32]*Stream{}}
+	if role == Host {
+		m.nextID = 1
+	} else {
+		m.nextID = 2
+	}
+	m.cond = sync.NewCond(&m.mu)
+	go m.writeLoop()
+	return m
+}
+
+// Attach hands the Mux a transport. The host calls it for every QEMU
+// connection (a restored or forked process is a new connection); the guest
+// calls it once for its port with persistent=true, because a virtio-serial
+// port reads end-of-file while no host is connected and then carries on.
+//
+// On attach the host sends a resync request and resends every frame the
+// peer has not acknowledged; the peer answers by resending its own.
+func (m *Mux) Attach(rw io.ReadWriter, persistent bool) {
+	m.mu.Lock()
+	m.gen++
+	gen := m.gen
+	m.transport = rw
+	m.down = false
+	if m.role == Host {
+		m.outq = append([][]byte{appendFrame(nil, &frame{typ: typeResync})}, m.resendLocked()...)
+	}
+	m.cond.Broadcast()
+	m.mu.Unlock()
+	go m.readLoop(rw, gen, persistent)
+}
+
+func (m *Mux) resendLocked() [][]byte {
+	q := make([][]byte, 0, len(m.unacked))
+	for _, p := range m.unacked {
+		q = append(q, p.enc)
+	}
+	return q
+}
+
+func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
+	var d Decoder
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			d.Feed(buf[:n])
+			m.mu.Lock()
+			if m.gen != gen || m.closed {
+				m.mu.Unlock()
+				return
+			}
+			for {
+				f, ferr := d.next()
+				if ferr != nil {
+					break
+				}
+				m.handleLocked(f)
+			}
+			if d.Skipped != 0 {
+				m.skipped += d.Skipped
+				m.log.Warn("channel: skipped bytes that were not valid frames", "bytes", d.Skipped)
+				d.Skipped = 0
+			}
+			m.cond.Broadcast()
+			m.mu.Unlock()
+		}
+		if err != nil {
+			if persistent && (err == io.EOF || errors.Is(err, io.ErrUnexpectedEOF)) {
+				// No host on the other end of the port right now.
+				time.Sleep(20 * time.Millisecond)
+				continue
+			}
+			m.mu.Lock()
+			if m.gen == gen {
+				m.transport = nil
+				m.cond.Broadcast()
+			}
+			closed := m.closed
+			m.mu.Unlock()
+			if !closed && !errors.Is(err, net.ErrClosed) && err != io.EOF {
+				m.log.Debug("channel: transport read ended", "err", err)
+			}
+			return
+		}
+	}
+}
+
+func (m *Mux) handleLocked(f *frame) {
+	// Acknowledgements first: they only ever shrink the resend queue.
+	if f.ack >= m.nextSeq {
+		f.ack = m.nextSeq - 1 // a peer cannot acknowledge what we never sent
+	}
+	i := 0
+	for i < len(m.unacked) && m.unacked[i].seq <= f.ack {
+		i++
+	}
+	if i > 0 {
+		m.unacked = append(m.unacked[:0:0], m.unacked[i:]...)
+	}
+	if m.down {
+		// The transport works again: whatever a failed write lost goes again.
+		m.down = false
+		m.outq = m.resendLocked()
+	}
+	switch {
+	case f.typ == typeAck:
+		return
+	case f.typ == typeResync:
+		m.outq = m.resendLocked()
+		return
+	case f.seq <= m.recvSeq:
+		return // a resent frame we already have; our ack covers it
+	case f.seq != m.recvSeq+1:
+		return // a gap: frames before it were lost with an old transport and will be resent
+	}
+	m.recvSeq = f.seq
+	m.bytesIn += uint64(len(f.payload))
+	s := m.streams[f.stream]
+	switch f.typ {
+	case typeOpen:
+		if s != nil || f.stream == 0 || (f.stream%2 == 1) != (m.role == Guest) {
+			m.log.Warn("channel: peer opened an invalid stream id; resetting it", "stream", f.stream)
+			m.sendLocked(typeReset, f.stream, []byte("invalid stream id"))
+			return
+		}
+		s = m.newStreamLocked(f.stream, f.payload)
+		s.accepted = false
+		m.acceptq = append(m.acceptq, s)
+	case typeData:
+		if s == nil || s.reset || s.remoteClosed {
+			return
+		}
+		if len(s.unread)+len(f.payload) > Window {
+			m.log.Warn("channel: peer overran its credit window; resetting stream", "stream", f.stream)
+			m.resetLocked(s, "credit window exceeded")
+			return
+		}
+		s.unread = append(s.unread, f.payload...)
+	case typeClose:
+		if s == nil || s.reset {
+			return
+		}
+		s.remoteClosed = true
+		s.status = f.payload
+		m.reapLocked(s)
+	case typeReset:
+		if s == nil {
+			return
+		}
+		s.reset = true
+		s.resetReason = string(f.payload)
+		delete(m.streams, s.id)
+	case typeWindow:
+		if s == nil || len(f.payload) != 4 {
+			return
+		}
+		grant := int(binary.LittleEndian.Uint32(f.payload))
+		if s.credit+grant > Window {
+			grant = Window - s.credit // never more than one window outstanding
+		}
+		s.credit += grant
+	}
+}
+
+// sendLocked queues a sequenced frame.
+func (m *Mux) sendLocked(typ byte, stream uint32, payload []byte) {
+	f := &frame{typ: typ, stream: stream, seq: m.nextSeq, ack: m.recvSeq, payload: payload}
+	m.nextSeq++
+	enc := appendFrame(make([]byte, 0, headerLen+len(payload)), f)
+	m.unacked = append(m.unacked, pending{seq: f.seq, enc: enc})
+	m.outq = append(m.outq, enc)
+	m.bytesOut += uint64(len(payload))
+	m.cond.Broadcast()
+}
+
+func (m *Mux) writeLoop() {
+	for {
+		m.mu.Lock()
+		for !m.closed && (m.transport == nil || m.down || m.frozen || (len(m.outq) == 0 && m.recvSeq == m.ackSent)) {
+			m.cond.Wait()
+		}
+		if m.closed {
+			m.mu.Unlock()
+			return
+		}
+		batch := m.outq
+		m.outq = nil
+		if len(batch) == 0 {
+			batch = [][]byte{appendFrame(nil, &frame{typ: typeAck})}
+		}
+		// Buffers in the resend queue are rewritten only here, and this
+		// goroutine is the only writer, so writing them outside the lock is
+		// safe.
+		for _, enc := range batch {
+			setAck(enc, m.recvSeq)
+		}
+		m.ackSent = m.recvSeq
+		w, gen := m.transport, m.gen
+		m.mu.Unlock()
+
+		bufs := net.Buffers(batch)
+		_, err := bufs.WriteTo(w)
+		if err != nil {
+			m.mu.Lock()
+			if m.gen == gen && !m.closed {
+				m.down = true
+				m.log.Debug("channel: transport write failed; waiting for the peer", "err", err)
+			}
+			m.mu.Unlock()
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
+// Freeze stops the Mux from writing, so its state can be captured while
+// the peer is stopped. Thaw undoes it.
+func (m *Mux) Freeze() {
+	m.mu.Lock()
+	m.frozen = true
+	m.mu.Unlock()
+}
+
+// Thaw resumes writing after Freeze.
+func (m *Mux) Thaw() {
+	m.mu.Lock()
+	m.frozen = false
+	m.cond.Broadcast()
+	m.mu.Unlock()
+}
+
+// Close ends the Mux; every stream fails with ErrClosed.
+func (m *Mux) Close() error {
+	m.mu.Lock()
+	m.closed = true
+	m.cond.Broadcast()
+	m.mu.Unlock()
+	return nil
+}
+
+// Open starts a stream; meta travels with the open frame and tells the peer
+// what the stream is for.
+func (m *Mux) Open(meta []byte) (*Stream, error) {
+	if len(meta) > MaxPayload {
+		return nil, fmt.Errorf("opening stream: metadata is %d bytes, limit %d", len(meta), MaxPayload)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, ErrClosed
+	}
+	id := m.nextID
+	m.nextID += 2
+	s := m.newStreamLocked(id, meta)
+	m.sendLocked(typeOpen, id, meta)
+	return s, nil
+}
+
+// Accept waits for a stream the peer opened.
+func (m *Mux) Accept(ctx context.Context) (*Stream, error) {
+	stop := context.AfterFunc(ctx, func() {
+		m.mu.Lock()
+		m.cond.Broadcast()
+		m.mu.Unlock()
+	})
+	defer stop()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for len(m.acceptq) == 0 && !m.closed && ctx.Err() == nil {
+		m.cond.Wait()
+	}
+	if m.closed {
+		return nil, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s := m.acceptq[0]
+	m.acceptq = m.acceptq[1:]
+	s.accepted = true
+	return s, nil
+}
+
+// Counters reports payload bytes received and sent, and bytes skipped as
+// garbage, for meters and diagnostics.
+func (m *Mux) Counters() (in, out, skipped uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.bytesIn, m.bytesOut, m.skipped
+}
+
+// Settled reports whether nothing is in flight: every frame we sent is
+// acknowledged and no stream is open. Snapshot gates use it.
+func (m *Mux) Settled() (bool, string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.unacked) > 0 {
+		return false, fmt.Sprintf("%d frames not yet acknowledged by the guest", len(m.unacked))
+	}
+	if len(m.streams) > 0 {
+		return false, fmt.Sprintf("%d streams open", len(m.streams))
+	}
+	return true, ""
+}
+
+func (m *Mux) newStreamLocked(id uint32, meta []byte) *Stream {
+	s := &Stream{m: m, id: id, meta: meta, credit: Window, accepted: true}
+	m.streams[id] = s
+	return s
+}
+
+func (m *Mux) resetLocked(s *Stream, reason string) {
+	if s.reset {
+		return
+	}
+	s.reset = true
+	s.resetReason = reason
+	delete(m.streams, s.id)
+	m.sendLocked(typeReset, s.id, []byte(reason))
+}
+
+// reapLocked forgets a stream once both directions are finished and the
+// reader has everything.
+func (m *Mux) reapLocked(s *Stream) {
+	if s.localClosed && s.remoteClosed && len(s.unread) == 0 {
+		delete(m.streams, s.id)
+	}
+}

@@ -1,0 +1,523 @@
+// Package control serves the control socket, protocol v2: who may connect,
+// who may drive, how replies are framed and bounded, and how a client that
+// stops reading is dropped without stalling the guest.
+package control
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nethersandbox/nether/internal/cmdline"
+	"github.com/nethersandbox/nether/internal/frame"
+	"github.com/nethersandbox/nether/internal/meter"
+)
+
+// ProtoVersion is the wire protocol this server speaks.
+const ProtoVersion = 2
+
+// Defaults of the timing rules in the protocol.
+const (
+	DefaultAgentWait     = 30 * time.Second       // a driving command waits this long for the agent
+	DefaultWedgedAfter   = 5 * time.Second        // a write blocked this long drops the client
+	DefaultBoundaryWait  = 250 * time.Millisecond // a query reply waits this long for a frame boundary
+	DefaultMaxClients    = 16
+	outputCappedMarker   = "\n...[output capped]\n"
+	errAgentNotConnected = "agent not connected (guest not ready)"
+)
+
+// Output is a running command's output as the backend hands it over.
+type Output interface {
+	io.Reader
+	// Status is the agent's exit text, valid after Read returned io.EOF.
+	Status() []byte
+}
+
+// Backend is the sandbox the server drives.
+type Backend interface {
+	// WaitAgent blocks until the guest agent is connected or ctx ends.
+	WaitAgent(ctx context.Context) error
+	// Exec starts a shell command in the guest.
+	Exec(ctx context.Context, command string) (Output, error)
+	// Put copies a file from the transfer jail into the guest.
+	Put(ctx context.Context, hostPath, guestPath string) (int64, error)
+	// Get copies a guest file into the transfer jail.
+	Get(ctx context.Context, guestPath, hostPath string) (int64, error)
+	// Info is the __info__ report body (key=value lines).
+	Info() string
+	// Shutdown begins a clean teardown; it returns at once.
+	Shutdown()
+}
+
+// Server is the control socket server.
+type Server struct {
+	log     *slog.Logger
+	backend Backend
+	meter   *meter.Meter
+	maxOut  int64 // 0 = unlimited
+
+	AgentWait    time.Duration
+	WedgedAfter  time.Duration
+	BoundaryWait time.Duration
+	MaxClients   int
+
+	ln       *net.UnixListener
+	path     string
+	sockIno  uint64
+	mu       sync.Mutex
+	clients  map[*client]struct{}
+	primary  *client
+	closed   bool
+	uid      int
+	accepted chan struct{}
+}
+
+// New makes a server; Listen binds it.
+func New(log *slog.Logger, b Backend, m *meter.Meter, maxOutput int64) *Server {
+	return &Server{
+		log: log, backend: b, meter: m, maxOut: maxOutput,
+		AgentWait: DefaultAgentWait, WedgedAfter: DefaultWedgedAfter,
+		BoundaryWait: DefaultBoundaryWait, MaxClients: DefaultMaxClients,
+		clients: map[*client]struct{}{}, uid: os.Getuid(),
+	}
+}
+
+// Listen binds the socket at path. A socket file left by a nether that
+// died is replaced; one that a live process still serves is refused, so
+// two sandboxes never fight over one path.
+func (s *Server) Listen(path string) error {
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("control_socket %s exists and is not a socket; refusing to replace it", path)
+		}
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
+			c.Close()
+			return fmt.Errorf("control_socket %s is served by a running process; refusing to take it over", path)
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return fmt.Errorf("checking existing control_socket %s: %w", path, err)
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("removing stale control_socket %s: %w", path, err)
+		}
+		s.log.Info("replaced a stale control socket", "path", path)
+	}
+	// Bind with a restrictive umask so the socket is never, even for a
+	// moment, connectable by another user.
+	old := unix.Umask(0o177)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	unix.Umask(old)
+	if err != nil {
+		return fmt.Errorf("listening on control_socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("chmod control_socket: %w", err)
+	}
+	ln.SetUnlinkOnClose(false) // we unlink it ourselves, only if it is still ours
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err == nil {
+		s.sockIno = st.Ino
+	}
+	s.ln, s.path = ln, path
+	return nil
+}
+
+// Serve accepts clients until Close.
+func (s *Server) Serve() {
+	for {
+		conn, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			s.log.Error("control: accept failed", "err", err)
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		s.admit(conn)
+	}
+}
+
+// Close stops accepting, drops every client and removes the socket file.
+func (s *Server) Close() {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return
+	}
+	s.closed = true
+	cs := make([]*client, 0, len(s.clients))
+	for c := range s.clients {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	if s.ln != nil {
+		s.ln.Close()
+		var st unix.Stat_t
+		if err := unix.Stat(s.path, &st); err == nil && st.Ino == s.sockIno {
+			os.Remove(s.path)
+		}
+	}
+	// Workers still relaying a command end when the channel closes; we
+	// do not wait for them here, because the guest may still be running.
+	for _, c := range cs {
+		c.drop("server closing")
+	}
+}
+
+func (s *Server) admit(conn *net.UnixConn) {
+	uid, err := peerUID(conn)
+	if err != nil || uid != s.uid {
+		s.log.Warn("control: refused a client of another user", "peer_uid", uid, "err", err)
+		conn.SetWriteDeadline(time.Now().Add(time.Second))
+		conn.Write(frame.Framed("ERR permission denied: the control socket is owner-only", -1))
+		conn.Close()
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		conn.Close()
+		return
+	}
+	if len(s.clients) >= s.MaxClients {
+		s.mu.Unlock()
+		conn.SetWriteDeadline(time.Now().Add(time.Second))
+		conn.Write(frame.Framed(fmt.Sprintf("ERR too many clients (limit %d)", s.MaxClients), -1))
+		conn.Close()
+		return
+	}
+	c := newClient(s, conn)
+	s.clients[c] = struct{}{}
+	if s.primary == nil {
+		s.primary = c
+		c.primary = true
+	}
+	s.mu.Unlock()
+	s.log.Info("control: client connected", "primary", c.primary)
+	go c.readLoop()
+	go c.workLoop()
+}
+
+func (s *Server) release(c *client) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.clients, c)
+	if s.primary == c {
+		s.primary = nil
+	}
+}
+
+func peerUID(conn *net.UnixConn) (int, error) {
+	raw, err := conn.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	err = raw.Control(func(fd uintptr) {
+		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	})
+	if err != nil {
+		return -1, err
+	}
+	if cerr != nil {
+		return -1, cerr
+	}
+	return int(cred.Uid), nil
+}
+
+// client is one connection.
+type client struct {
+	s       *Server
+	conn    *net.UnixConn
+	primary bool // set once at admission
+
+	wmu    sync.Mutex    // serialises every write to conn
+	frame  chan struct{} // held from a relayed reply's first byte to its trailer
+	work   chan cmdline.Command
+	done   chan struct{}
+	once   sync.Once
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func newClient(s *Server, conn *net.UnixConn) *client {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &client{
+		s: s, conn: conn, frame: make(chan struct{}, 1),
+		work: make(chan cmdline.Command, 64), done: make(chan struct{}),
+		ctx: ctx, cancel: cancel,
+	}
+}
+
+// drop disconnects the client and frees its slot. Work it queued that has
+// reached the guest runs on; its output is drained and discarded.
+func (c *client) drop(why string) {
+	c.once.Do(func() {
+		c.s.log.Info("control: client dropped", "primary", c.primary, "why", why)
+		c.conn.Close()
+		c.cancel()
+		close(c.done)
+		c.s.release(c)
+	})
+}
+
+// write sends b, giving up (and dropping the client) when the client has
+// not taken the bytes within WedgedAfter: a client that stops reading must
+// never back up the relay into the guest.
+func (c *client) write(b []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	select {
+	case <-c.done:
+		return net.ErrClosed
+	default:
+	}
+	c.conn.SetWriteDeadline(time.Now().Add(c.s.WedgedAfter))
+	n, err := c.conn.Write(b)
+	c.s.meter.Out(n)
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			go c.drop(fmt.Sprintf("wedged: a write blocked for more than %s", c.s.WedgedAfter))
+		} else {
+			go c.drop("write failed: " + err.Error())
+		}
+		return err
+	}
+	return nil
+}
+
+// reply writes a complete host-generated frame, waiting briefly for the
+// end of a relayed frame in progress so the two never interleave.
+func (c *client) reply(body string, exit int) {
+	t := time.NewTimer(c.s.BoundaryWait)
+	defer t.Stop()
+	select {
+	case c.frame <- struct{}{}:
+		defer func() { <-c.frame }()
+	case <-t.C:
+		// Stay serial is the contract; after the bounded wait we write
+		// anyway rather than hold the reply hostage to a long stream.
+	case <-c.done:
+		return
+	}
+	c.write(frame.Framed(body, exit))
+}
+
+func (c *client) errReply(format string, a ...any) {
+	c.reply("ERR "+fmt.Sprintf(format, a...), -1)
+}
+
+func (c *client) readLoop() {
+	defer close(c.work)
+	r := bufio.NewReaderSize(c.conn, 64<<10)
+	for {
+		line, err := readLine(r, cmdline.MaxLine)
+		if len(line) > 0 || errors.Is(err, errLineTooLong) {
+			c.s.meter.In(len(line) + 1)
+		}
+		if errors.Is(err, errLineTooLong) {
+			c.errReply("command longer than %d bytes", cmdline.MaxLine)
+			continue
+		}
+		if err != nil {
+			c.drop("disconnected")
+			return
+		}
+		if strings.TrimSpace(line) == "" {
+			continue // blank lines are keep-alives, not commands
+		}
+		cmd, perr := cmdline.Parse(line)
+		if perr != nil {
+			c.errReply("%v", perr)
+			continue
+		}
+		c.dispatch(cmd)
+	}
+}
+
+// dispatch answers queries at once and queues driving work, so a query
+// sent while a command streams is answered at the next frame boundary
+// instead of after the command.
+func (c *client) dispatch(cmd cmdline.Command) {
+	switch cmd.Name {
+	case "__info__":
+		c.reply(c.s.backend.Info(), 0)
+		return
+	case "__stats__":
+		c.reply(c.s.meter.Read().Stats(), 0)
+		return
+	case "__help__":
+		c.reply(fmt.Sprintf("proto_version=%d\n%s", ProtoVersion, cmdline.HelpText()), 0)
+		return
+	}
+	if cmd.Primary() && !c.primary {
+		name := cmd.Name
+		if name == "" {
+			name = "a shell command"
+		}
+		c.errReply("read-only observer: %s needs the primary client", name)
+		return
+	}
+	switch cmd.Name {
+	case "", "__put__", "__get__", "__shutdown__":
+		select {
+		case c.work <- cmd:
+		case <-c.done:
+		}
+	default:
+		c.errReply("%s is not available in this build yet", cmd.Name)
+	}
+}
+
+func (c *client) workLoop() {
+	for cmd := range c.work {
+		switch cmd.Name {
+		case "":
+			c.runShell(cmd.Shell)
+		case "__put__":
+			c.transfer(cmd, c.s.backend.Put)
+		case "__get__":
+			c.transfer(cmd, c.s.backend.Get)
+		case "__shutdown__":
+			c.reply("OK shutting down", 0)
+			c.s.backend.Shutdown()
+		}
+	}
+}
+
+// waitAgent applies the readiness rule: a driving command waits, bounded,
+// for the agent.
+func (c *client) waitAgent() bool {
+	ctx, cancel := context.WithTimeout(c.ctx, c.s.AgentWait)
+	defer cancel()
+	if err := c.s.backend.WaitAgent(ctx); err != nil {
+		c.errReply(errAgentNotConnected)
+		return false
+	}
+	return true
+}
+
+func (c *client) transfer(cmd cmdline.Command, op func(context.Context, string, string) (int64, error)) {
+	if !c.waitAgent() {
+		return
+	}
+	// The transfer runs to completion even if this client goes away: a
+	// half-done transfer is cleaned up by the side that receives it.
+	n, err := op(context.Background(), cmd.Args[0], cmd.Args[1])
+	if err != nil {
+		c.errReply("%s: %v", strings.Trim(cmd.Name, "_"), err)
+		return
+	}
+	c.s.meter.Command()
+	c.reply(fmt.Sprintf("OK %s %d bytes", strings.Trim(cmd.Name, "_"), n), 0)
+}
+
+// runShell relays a command: output escaped and bounded as it streams,
+// then the trailer with the exit clamped to 0..255. The guest's output is
+// always drained to the end, client or no client.
+func (c *client) runShell(command string) {
+	if !c.waitAgent() {
+		return
+	}
+	out, err := c.s.backend.Exec(context.Background(), command)
+	if err != nil {
+		c.errReply("exec: %v", err)
+		return
+	}
+	c.s.meter.Command()
+	select {
+	case c.frame <- struct{}{}:
+		defer func() { <-c.frame }()
+	case <-c.done:
+	}
+	var (
+		sent    int64
+		capped  bool
+		gone    bool
+		buf     = make([]byte, 32<<10)
+		escaped []byte
+	)
+	for {
+		n, rerr := out.Read(buf)
+		if n > 0 && !gone && !capped {
+			chunk := buf[:n]
+			escaped = escaped[:0]
+			if room := c.s.maxOut - sent; c.s.maxOut > 0 && int64(n) > room {
+				chunk, capped = chunk[:room], true
+			}
+			sent += int64(len(chunk))
+			escaped = frame.AppendEscaped(escaped, chunk)
+			if capped {
+				escaped = append(escaped, outputCappedMarker...)
+			}
+			if c.write(escaped) != nil {
+				gone = true
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			if !gone {
+				// The frame must still end: the agent failed the command.
+				c.write(append([]byte("\n"), frame.Framed(fmt.Sprintf("ERR exec: %v", rerr), -1)...))
+			}
+			return
+		}
+	}
+	if !gone {
+		c.write(frame.Trailer(frame.ClampExit(out.Status())))
+	}
+}
+
+var errLineTooLong = errors.New("line too long")
+
+// readLine reads one \n-terminated line of at most max bytes. A longer
+// line is consumed to its end and reported as errLineTooLong, so the next
+// line is read in sync.
+func readLine(r *bufio.Reader, max int) (string, error) {
+	var b []byte
+	tooLong := false
+	for {
+		part, err := r.ReadSlice('\n')
+		if !tooLong {
+			b = append(b, part...)
+			if len(b) > max+1 {
+				tooLong, b = true, nil
+			}
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil {
+			return string(b), err
+		}
+		if tooLong {
+			return "", errLineTooLong
+		}
+		return strings.TrimRight(string(b), "\r\n"), nil
+	}
+}

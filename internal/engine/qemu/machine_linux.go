@@ -1,0 +1,416 @@
+// Package qemu is the first engine: it runs the guest in qemu-system-x86_64
+// and drives it over QMP.
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nethersandbox/nether/internal/engine"
+)
+
+// Binary is the QEMU executable looked up on PATH.
+const Binary = "qemu-system-x86_64"
+
+// MachineType is the QEMU machine model. pc (i440fx) probes fewer devices
+// than q35 at boot, and both carry the vmgenid device.
+const MachineType = "pc"
+
+// ChannelPortName is the virtio-serial port name the agent looks for.
+const ChannelPortName = "nether.channel"
+
+// Options tune how a machine is started.
+type Options struct {
+	Log *slog.Logger
+	// MemDir holds the guest RAM file; a tmpfs keeps guest memory out of
+	// disk writeback. Defaults to Spec.RunDir.
+	MemDir string
+	// StartTimeout bounds how long QEMU may take to connect its sockets.
+	StartTimeout time.Duration
+}
+
+// Machine is a running QEMU.
+type Machine struct {
+	log     *slog.Logger
+	cmd     *exec.Cmd
+	stderr  *tailBuffer
+	qmp     *qmp
+	console net.Conn
+	channel net.Conn
+	info    engine.Info
+	memFile string
+
+	done    chan struct{}
+	waitErr error
+
+	mu       sync.Mutex
+	lastUse  engine.Usage
+	shutdown string // reason QEMU reported in its SHUTDOWN event
+}
+
+// Start boots spec.
+func Start(ctx context.Context, spec engine.Spec, opt Options) (*Machine, error) {
+	if opt.Log == nil {
+		opt.Log = slog.Default()
+	}
+	if opt.StartTimeout == 0 {
+		opt.StartTimeout = 15 * time.Second
+	}
+	if opt.MemDir == "" {
+		opt.MemDir = spec.RunDir
+	}
+	bin, err := exec.LookPath(Binary)
+	if err != nil {
+		return nil, fmt.Errorf("finding %s: %w (install Debian's qemu-system-x86, or run scripts/setup.sh)", Binary, err)
+	}
+	for _, f := range []string{spec.Kernel, spec.Initrd} {
+		if _, err := os.Stat(f); err != nil {
+			return nil, fmt.Errorf("guest file: %w (run scripts/setup.sh to build the guest image)", err)
+		}
+	}
+	socks := map[string]string{}
+	listeners := map[string]*net.UnixListener{}
+	defer func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}()
+	for _, name := range []string{"qmp", "console", "channel"} {
+		p := filepath.Join(spec.RunDir, name+".sock")
+		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+		if err != nil {
+			return nil, fmt.Errorf("listening for QEMU's %s connection: %w", name, err)
+		}
+		l.SetUnlinkOnClose(true)
+		listeners[name] = l
+		socks[name] = p
+	}
+	m := &Machine{
+		log:     opt.Log,
+		stderr:  &tailBuffer{max: 8 << 10},
+		done:    make(chan struct{}),
+		memFile: filepath.Join(opt.MemDir, "guest-ram"),
+		info:    engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
+	}
+	args := commandLine(spec, socks, m.memFile)
+	m.log.Debug("starting QEMU", "args", strings.Join(args, " "))
+	m.cmd = exec.Command(bin, args...)
+	m.cmd.Stdout = m.stderr
+	m.cmd.Stderr = m.stderr
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{
+		// QEMU must not outlive nether, even when nether is SIGKILLed.
+		Pdeathsig: syscall.SIGKILL,
+		// Its own process group: a terminal's ^C goes to nether, which
+		// tears down in order, not to QEMU directly.
+		Setpgid: true,
+	}
+	if err := m.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting QEMU: %w", err)
+	}
+	go func() {
+		m.waitErr = m.cmd.Wait()
+		os.Remove(m.memFile)
+		close(m.done)
+	}()
+
+	conns, err := m.acceptAll(ctx, listeners, opt.StartTimeout)
+	if err != nil {
+		m.kill()
+		return nil, err
+	}
+	m.console, m.channel = conns["console"], conns["channel"]
+	q, version, err := newQMP(conns["qmp"], m.onEvent)
+	if err != nil {
+		m.kill()
+		return nil, fmt.Errorf("starting QEMU: %w", err)
+	}
+	m.qmp, m.info.Version = q, version
+	if raw, err := q.execute(ctx, "query-machines", nil); err == nil {
+		m.info.Machine = resolveMachineName(raw, MachineType)
+	}
+	return m, nil
+}
+
+func commandLine(spec engine.Spec, socks map[string]string, memFile string) []string {
+	ram := strconv.Itoa(spec.RAMMB) + "M"
+	args := []string{
+		"-name", "nether,debug-threads=on",
+		"-machine", MachineType + ",memory-backend=ram0",
+		"-smp", strconv.Itoa(spec.CPUs),
+		"-m", ram,
+		// File-backed, shared guest RAM: a snapshot can take the file as
+		// the guest's memory instead of streaming it through QEMU.
+		"-object", "memory-backend-file,id=ram0,size=" + ram + ",mem-path=" + memFile + ",share=on",
+		"-nodefaults", "-no-user-config", "-display", "none",
+		"-chardev", "socket,id=qmp,path=" + socks["qmp"],
+		"-mon", "chardev=qmp,mode=control",
+		"-chardev", "socket,id=con,path=" + socks["console"],
+		"-serial", "chardev:con",
+		"-chardev", "socket,id=chan,path=" + socks["channel"],
+		// No option ROMs: firmware probing them is pure boot latency.
+		"-device", "virtio-serial-pci,id=vser,romfile=",
+		"-device", "virtserialport,bus=vser.0,chardev=chan,name=" + ChannelPortName,
+		// Host entropy for the guest CRNG from the first moments of boot.
+		"-device", "virtio-rng-pci,romfile=",
+		// VM generation id: a restore gets a fresh one so the guest
+		// reseeds its CRNG.
+		"-device", "vmgenid,guid=" + newGUID(),
+		"-kernel", spec.Kernel,
+		"-initrd", spec.Initrd,
+		"-append", spec.Cmdline,
+		"-no-reboot",
+	}
+	switch spec.Accel {
+	case engine.AccelKVM:
+		args = append(args, "-accel", "kvm", "-cpu", "host")
+	default:
+		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max")
+	}
+	return args
+}
+
+func newGUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// acceptAll waits for QEMU to connect each socket, or to die trying.
+func (m *Machine) acceptAll(ctx context.Context, ls map[string]*net.UnixListener, timeout time.Duration) (map[string]net.Conn, error) {
+	type result struct {
+		name string
+		c    net.Conn
+		err  error
+	}
+	deadline := time.Now().Add(timeout)
+	ch := make(chan result, len(ls))
+	for name, l := range ls {
+		l.SetDeadline(deadline)
+		go func() {
+			c, err := l.Accept()
+			ch <- result{name, c, err}
+		}()
+	}
+	conns := map[string]net.Conn{}
+	closeAll := func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}
+	for range ls {
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				closeAll()
+				select {
+				case <-m.done:
+					return nil, m.exitError("QEMU exited during start")
+				case <-time.After(200 * time.Millisecond):
+				}
+				return nil, fmt.Errorf("waiting for QEMU to connect its %s socket: %w", r.name, r.err)
+			}
+			conns[r.name] = r.c
+		case <-m.done:
+			closeAll()
+			return nil, m.exitError("QEMU exited during start")
+		case <-ctx.Done():
+			closeAll()
+			return nil, ctx.Err()
+		}
+	}
+	return conns, nil
+}
+
+func (m *Machine) exitError(what string) error {
+	msg := strings.TrimSpace(m.stderr.String())
+	if msg == "" {
+		msg = fmt.Sprint(m.waitErr)
+	}
+	return fmt.Errorf("%s: %s", what, msg)
+}
+
+func (m *Machine) onEvent(name string, data json.RawMessage) {
+	if name == "SHUTDOWN" {
+		var d struct {
+			Reason string `json:"reason"`
+		}
+		json.Unmarshal(data, &d)
+		m.mu.Lock()
+		m.shutdown = d.Reason
+		m.mu.Unlock()
+	}
+}
+
+func resolveMachineName(raw json.RawMessage, alias string) string {
+	var ms []struct {
+		Name  string `json:"name"`
+		Alias string `json:"alias"`
+	}
+	if json.Unmarshal(raw, &ms) != nil {
+		return alias
+	}
+	for _, mt := range ms {
+		if mt.Alias == alias {
+			return mt.Name
+		}
+	}
+	return alias
+}
+
+func (m *Machine) Console() io.Reader    { return m.console }
+func (m *Machine) ChannelConn() net.Conn { return m.channel }
+func (m *Machine) Done() <-chan struct{} { return m.done }
+func (m *Machine) Info() engine.Info     { return m.info }
+func (m *Machine) PID() int              { return m.cmd.Process.Pid }
+
+// Err says why QEMU ended; nil for a guest power-off.
+func (m *Machine) Err() error {
+	select {
+	case <-m.done:
+	default:
+		return nil
+	}
+	m.mu.Lock()
+	reason := m.shutdown
+	m.mu.Unlock()
+	if m.waitErr != nil {
+		return m.exitError("QEMU failed")
+	}
+	if reason == "guest-panic" {
+		return errors.New("the guest kernel panicked (see the console log)")
+	}
+	return nil
+}
+
+// ShutdownReason is what QEMU said about the last shutdown, e.g.
+// guest-shutdown or host-qmp-quit.
+func (m *Machine) ShutdownReason() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.shutdown
+}
+
+// Quit stops QEMU now and waits for it.
+func (m *Machine) Quit(ctx context.Context) error {
+	select {
+	case <-m.done:
+		return nil
+	default:
+	}
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if m.qmp != nil {
+		m.qmp.execute(qctx, "quit", nil)
+	}
+	select {
+	case <-m.done:
+		return nil
+	case <-qctx.Done():
+	}
+	m.kill()
+	return nil
+}
+
+func (m *Machine) kill() {
+	m.cmd.Process.Kill()
+	<-m.done
+}
+
+// Usage reads QEMU's CPU time and peak RSS: live from /proc while it
+// runs, from its rusage after it exits.
+func (m *Machine) Usage() engine.Usage {
+	select {
+	case <-m.done:
+		if ru, ok := m.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok && ru != nil {
+			u := engine.Usage{
+				CPU:      time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+				PeakRSS:  ru.Maxrss * 1024,
+				Observed: true,
+			}
+			return u
+		}
+	default:
+		if u, err := procUsage(m.cmd.Process.Pid); err == nil {
+			m.mu.Lock()
+			m.lastUse = u
+			m.mu.Unlock()
+			return u
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lastUse
+}
+
+// clockTicks is USER_HZ, which Linux fixes at 100 for /proc on x86_64.
+const clockTicks = 100
+
+func procUsage(pid int) (engine.Usage, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return engine.Usage{}, err
+	}
+	// The command name may contain spaces; fields start after its ')'.
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return engine.Usage{}, errors.New("malformed /proc stat")
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	if len(f) < 13 {
+		return engine.Usage{}, errors.New("short /proc stat")
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	u := engine.Usage{CPU: time.Duration(ut+st) * time.Second / clockTicks, Observed: true}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err == nil {
+		for _, line := range strings.Split(string(status), "\n") {
+			if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				u.PeakRSS = kb * 1024
+			}
+		}
+	}
+	return u, nil
+}
+
+// tailBuffer keeps the last max bytes written to it: QEMU's stderr, for
+// error messages.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = t.b[len(t.b)-t.max:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return string(t.b)
+}

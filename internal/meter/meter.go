@@ -1,0 +1,119 @@
+// Package meter keeps a session's usage and renders the usage reports:
+// __stats__ and the final usage record a platform bills from.
+package meter
+
+import (
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/nethersandbox/nether/internal/engine"
+)
+
+// Meter counts one session. A restored fork is a new session with its own
+// Meter.
+type Meter struct {
+	start    time.Time
+	now      func() time.Time
+	ramMB    int
+	cpus     int
+	usage    atomic.Pointer[func() engine.Usage]
+	commands atomic.Uint64
+	bytesIn  atomic.Uint64
+	bytesOut atomic.Uint64
+}
+
+// New starts a meter at now().
+func New(now func() time.Time, ramMB, cpus int) *Meter {
+	if now == nil {
+		now = time.Now
+	}
+	return &Meter{start: now(), now: now, ramMB: ramMB, cpus: cpus}
+}
+
+// SetUsage gives the meter the engine's usage source once it exists.
+func (m *Meter) SetUsage(f func() engine.Usage) { m.usage.Store(&f) }
+
+// Command counts one command that reached the guest.
+func (m *Meter) Command() { m.commands.Add(1) }
+
+// In counts bytes received from clients (command lines and uploaded files).
+func (m *Meter) In(n int) { m.bytesIn.Add(uint64(n)) }
+
+// Out counts bytes sent to clients (replies and downloaded files).
+func (m *Meter) Out(n int) { m.bytesOut.Add(uint64(n)) }
+
+// Record is one reading of every metered field.
+type Record struct {
+	UptimeMS   int64
+	CPUMS      int64
+	MemPeakMB  int64
+	RAMMB      int
+	CPUs       int
+	Commands   uint64
+	BytesIn    uint64
+	BytesOut   uint64
+	NetTx      uint64
+	NetRx      uint64
+	NetBlocked uint64
+}
+
+// Read takes a reading.
+func (m *Meter) Read() Record {
+	r := Record{
+		UptimeMS: m.now().Sub(m.start).Milliseconds(),
+		RAMMB:    m.ramMB,
+		CPUs:     m.cpus,
+		Commands: m.commands.Load(),
+		BytesIn:  m.bytesIn.Load(),
+		BytesOut: m.bytesOut.Load(),
+	}
+	if f := m.usage.Load(); f != nil {
+		u := (*f)()
+		r.CPUMS = u.CPU.Milliseconds()
+		r.MemPeakMB = (u.PeakRSS + (1<<20 - 1)) >> 20
+	}
+	return r
+}
+
+// Stats renders the __stats__ report body: one key=value per line.
+func (r Record) Stats() string {
+	var b strings.Builder
+	for _, kv := range [][2]any{
+		{"uptime_ms", r.UptimeMS}, {"cpu_ms", r.CPUMS}, {"mem_peak_mb", r.MemPeakMB},
+		{"ram_mb", r.RAMMB}, {"cpus", r.CPUs}, {"commands", r.Commands},
+		{"bytes_in", r.BytesIn}, {"bytes_out", r.BytesOut},
+		{"net_tx_bytes", r.NetTx}, {"net_rx_bytes", r.NetRx}, {"net_blocked", r.NetBlocked},
+	} {
+		fmt.Fprintf(&b, "%s=%v\n", kv[0], kv[1])
+	}
+	return b.String()
+}
+
+// Fields renders the record's fields on one line, as the final usage
+// record carries them.
+func (r Record) Fields() string {
+	return fmt.Sprintf("uptime_ms=%d cpu_ms=%d mem_peak_mb=%d ram_mb=%d cpus=%d commands=%d bytes_in=%d bytes_out=%d net_tx=%d net_rx=%d net_blocked=%d",
+		r.UptimeMS, r.CPUMS, r.MemPeakMB, r.RAMMB, r.CPUs, r.Commands, r.BytesIn, r.BytesOut, r.NetTx, r.NetRx, r.NetBlocked)
+}
+
+// Stop reasons in the final record.
+const (
+	ReasonShutdown = "shutdown" // __shutdown__
+	ReasonPoweroff = "poweroff" // the guest powered itself off
+	ReasonSIGTERM  = "sigterm"
+	ReasonSIGINT   = "sigint"
+	ReasonError    = "error" // the engine failed
+	ReasonPark     = "park"
+)
+
+// FinalLine is the one record every stop prints. x402 changes only its
+// prefix: the settlement mode is a framing, not a different meter.
+func FinalLine(reason string, x402 bool, r Record) string {
+	kind := "final usage"
+	if x402 {
+		kind = "x402 settlement"
+	}
+	return fmt.Sprintf("[nether] %s (reason=%s): %s", kind, reason, r.Fields())
+}
