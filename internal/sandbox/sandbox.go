@@ -152,7 +152,8 @@ func (s *Sandbox) run() (reason string, err error) {
 	s.meter.SetUsage(m.Usage)
 	defer m.Quit(context.Background())
 	info := m.Info()
-	s.log.Info("guest booting", "engine", info.Backend, "version", info.Version, "machine", info.Machine, "pid", m.PID())
+	s.log.Info("guest booting", "engine", info.Backend, "version", info.Version, "machine", info.Machine,
+		"pid", m.PID(), "run_dir", runDir, "mem_dir", memDir)
 
 	consoleDone, err := s.pumpConsole(consoleMode)
 	if err != nil {

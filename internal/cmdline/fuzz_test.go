@@ -1,0 +1,49 @@
+package cmdline
+
+import (
+	"strings"
+	"testing"
+)
+
+// FuzzParse: Parse never panics, and whatever it accepts is safe to relay:
+// no frame byte, NUL or newline in the shell text or arguments, and no
+// whitespace inside an argument.
+func FuzzParse(f *testing.F) {
+	for _, s := range []string{
+		"ls -la", "__info__", "__put__ a b", "__get__ a b c", "__events__ 7",
+		"__snapshot__ x y", "echo \x1e0", " \t\r\n", "__", "__park__\t\tp ",
+		"true\nreboot", "__events__ -0", "\x00", "__put__ a\u00a0b c",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, line string) {
+		c, err := Parse(line)
+		if err != nil {
+			if err.Error() == "" {
+				t.Fatal("empty error text")
+			}
+			return
+		}
+		bad := func(s string) bool { return strings.ContainsAny(s, "\x1e\x1f\x00\n") }
+		if c.Name == "" {
+			if c.Shell == "" || bad(c.Shell) || c.Args != nil {
+				t.Fatalf("bad shell command %#v from %q", c, line)
+			}
+			if c.Shell != strings.TrimFunc(c.Shell, isBlank) {
+				t.Fatalf("untrimmed shell %q", c.Shell)
+			}
+			return
+		}
+		if c.Shell != "" {
+			t.Fatalf("control command with shell text: %#v", c)
+		}
+		if _, ok := Lookup(c.Name); !ok {
+			t.Fatalf("unknown name accepted: %q", c.Name)
+		}
+		for _, a := range c.Args {
+			if a == "" || bad(a) || strings.ContainsAny(a, " \t\r\v\f") {
+				t.Fatalf("bad argument %q from %q", a, line)
+			}
+		}
+	})
+}

@@ -1,0 +1,533 @@
+package conf
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// launchDir builds a launch directory holding a kernel, an initramfs, a
+// nested kernel and a directory (to test the regular-file check).
+func launchDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, p := range []string{"vmlinuz", "initramfs.cpio", "boot/Image"} {
+		full := filepath.Join(dir, p)
+		if err := os.MkdirAll(filepath.Dir(full), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(full, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(dir, "adir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func parseString(t *testing.T, text, dir string) (*Config, error) {
+	t.Helper()
+	return Parse(strings.NewReader(text), "nether.conf", dir)
+}
+
+// sameConfig compares two configs ignoring Set, which records where keys
+// came from rather than what they mean.
+func sameConfig(a, b *Config) bool {
+	x, y := *a, *b
+	x.Set, y.Set = nil, nil
+	return reflect.DeepEqual(x, y)
+}
+
+func TestDefaults(t *testing.T) {
+	dir := launchDir(t)
+	c := Defaults(dir)
+	want := &Config{
+		Dir: dir, CPUs: 1, RAMMB: 512, MaxOutputBytes: 1048576,
+		Accel: AccelAuto, ForkReseed: true, Set: map[string]int{},
+	}
+	if !reflect.DeepEqual(c, want) {
+		t.Fatalf("Defaults = %+v, want %+v", c, want)
+	}
+	for _, text := range []string{"", "\n\n", "# only a comment\n", "   \t\n  # indented comment\n"} {
+		got, err := parseString(t, text, dir)
+		if err != nil {
+			t.Fatalf("Parse(%q): %v", text, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("Parse(%q) = %+v, want defaults", text, got)
+		}
+	}
+}
+
+func TestDefaultsRelativeDir(t *testing.T) {
+	c := Defaults("some/rel")
+	if !filepath.IsAbs(c.Dir) {
+		t.Fatalf("Dir %q is not absolute", c.Dir)
+	}
+}
+
+func TestParseKeys(t *testing.T) {
+	dir := launchDir(t)
+	tests := []struct {
+		name  string
+		text  string
+		check func(t *testing.T, c *Config)
+	}{
+		{"control_socket absolute", "control_socket = /tmp/n.sock", func(t *testing.T, c *Config) {
+			eq(t, c.ControlSocket, "/tmp/n.sock")
+		}},
+		{"control_socket relative", "control_socket=ctl.sock", func(t *testing.T, c *Config) {
+			eq(t, c.ControlSocket, filepath.Join(dir, "ctl.sock"))
+		}},
+		{"control_socket cleaned", "control_socket = ./a/../ctl.sock", func(t *testing.T, c *Config) {
+			eq(t, c.ControlSocket, filepath.Join(dir, "ctl.sock"))
+		}},
+		{"control_socket 107 bytes", "control_socket = /" + strings.Repeat("s", 106), func(t *testing.T, c *Config) {
+			eq(t, len(c.ControlSocket), 107)
+		}},
+		{"cpus", "cpus = 4", func(t *testing.T, c *Config) { eq(t, c.CPUs, 4) }},
+		{"cpus min", "cpus=1", func(t *testing.T, c *Config) { eq(t, c.CPUs, 1) }},
+		{"cpus max", "cpus=32", func(t *testing.T, c *Config) { eq(t, c.CPUs, 32) }},
+		{"ram_mb", "ram_mb = 2048", func(t *testing.T, c *Config) { eq(t, c.RAMMB, 2048) }},
+		{"ram_mb min", "ram_mb = 128", func(t *testing.T, c *Config) { eq(t, c.RAMMB, 128) }},
+		{"ram_mb max", "ram_mb = 65536", func(t *testing.T, c *Config) { eq(t, c.RAMMB, 65536) }},
+		{"max_output_bytes", "max_output_bytes = 4096", func(t *testing.T, c *Config) { eq(t, c.MaxOutputBytes, int64(4096)) }},
+		{"max_output_bytes unlimited", "max_output_bytes = 0", func(t *testing.T, c *Config) { eq(t, c.MaxOutputBytes, int64(0)) }},
+		{"max_output_bytes int64 max", "max_output_bytes = 9223372036854775807", func(t *testing.T, c *Config) {
+			eq(t, c.MaxOutputBytes, int64(9223372036854775807))
+		}},
+		{"x402 on", "x402 = on", func(t *testing.T, c *Config) { eq(t, c.X402, true) }},
+		{"x402 off", "x402 = off", func(t *testing.T, c *Config) { eq(t, c.X402, false) }},
+		{"accel auto", "accel = auto", func(t *testing.T, c *Config) { eq(t, c.Accel, AccelAuto) }},
+		{"accel kvm", "accel = kvm", func(t *testing.T, c *Config) { eq(t, c.Accel, AccelKVM) }},
+		{"accel tcg", "accel = tcg", func(t *testing.T, c *Config) { eq(t, c.Accel, AccelTCG) }},
+		{"kernel relative", "kernel = vmlinuz", func(t *testing.T, c *Config) { eq(t, c.Kernel, filepath.Join(dir, "vmlinuz")) }},
+		{"kernel nested", "kernel = boot/Image", func(t *testing.T, c *Config) { eq(t, c.Kernel, filepath.Join(dir, "boot", "Image")) }},
+		{"kernel absolute", "kernel = " + filepath.Join(dir, "vmlinuz"), func(t *testing.T, c *Config) {
+			eq(t, c.Kernel, filepath.Join(dir, "vmlinuz"))
+		}},
+		{"image relative", "image = initramfs.cpio", func(t *testing.T, c *Config) {
+			eq(t, c.Image, filepath.Join(dir, "initramfs.cpio"))
+		}},
+		{"restore", "restore = 1\nrestore_from = /snaps/base.snap", func(t *testing.T, c *Config) {
+			eq(t, c.Restore, true)
+			eq(t, c.RestoreFrom, "/snaps/base.snap")
+		}},
+		{"restore_from cleaned", "restore=yes\nrestore_from=/snaps//x/../base.snap", func(t *testing.T, c *Config) {
+			eq(t, c.RestoreFrom, "/snaps/base.snap")
+		}},
+		{"restore 0 alone", "restore = 0", func(t *testing.T, c *Config) { eq(t, c.Restore, false) }},
+		{"snapshot_allow_dirty", "snapshot_allow_dirty = 1", func(t *testing.T, c *Config) { eq(t, c.SnapshotAllowDirty, true) }},
+		{"park_dirty", "park_dirty = true", func(t *testing.T, c *Config) { eq(t, c.ParkDirty, true) }},
+		{"validate_snapshot relative", "validate_snapshot = nether.snap", func(t *testing.T, c *Config) {
+			eq(t, c.ValidateSnapshot, filepath.Join(dir, "nether.snap"))
+		}},
+		{"validate_snapshot missing file is fine", "validate_snapshot = /nonexistent/x.snap", func(t *testing.T, c *Config) {
+			eq(t, c.ValidateSnapshot, "/nonexistent/x.snap")
+		}},
+		{"fork_reseed off", "fork_reseed = 0", func(t *testing.T, c *Config) { eq(t, c.ForkReseed, false) }},
+		{"fork_reseed on", "fork_reseed = 1", func(t *testing.T, c *Config) { eq(t, c.ForkReseed, true) }},
+
+		// Syntax variations.
+		{"no spaces", "cpus=2", func(t *testing.T, c *Config) { eq(t, c.CPUs, 2) }},
+		{"tabs and padding", "\t cpus \t=\t 2 \t", func(t *testing.T, c *Config) { eq(t, c.CPUs, 2) }},
+		{"trailing comment", "cpus = 2 # two vCPUs", func(t *testing.T, c *Config) { eq(t, c.CPUs, 2) }},
+		{"trailing comment after tab", "cpus = 2\t#two", func(t *testing.T, c *Config) { eq(t, c.CPUs, 2) }},
+		{"hash inside value is not a comment", "control_socket = a#b.sock", func(t *testing.T, c *Config) {
+			eq(t, c.ControlSocket, filepath.Join(dir, "a#b.sock"))
+		}},
+		{"equals inside value", "control_socket = a=b.sock", func(t *testing.T, c *Config) {
+			eq(t, c.ControlSocket, filepath.Join(dir, "a=b.sock"))
+		}},
+		{"CRLF", "cpus = 2\r\nram_mb = 1024\r\n", func(t *testing.T, c *Config) {
+			eq(t, c.CPUs, 2)
+			eq(t, c.RAMMB, 1024)
+		}},
+		{"BOM", "\xef\xbb\xbfcpus = 3", func(t *testing.T, c *Config) { eq(t, c.CPUs, 3) }},
+		{"no final newline", "# c\ncpus = 3", func(t *testing.T, c *Config) { eq(t, c.CPUs, 3) }},
+		{"set records lines", "# header\n\ncpus = 2\nram_mb = 256\n", func(t *testing.T, c *Config) {
+			if !reflect.DeepEqual(c.Set, map[string]int{"cpus": 3, "ram_mb": 4}) {
+				t.Errorf("Set = %v", c.Set)
+			}
+		}},
+		{"unicode path", "control_socket = sökét.sock", func(t *testing.T, c *Config) {
+			eq(t, c.ControlSocket, filepath.Join(dir, "sökét.sock"))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseString(t, tt.text, dir)
+			if err != nil {
+				t.Fatalf("Parse(%q): %v", tt.text, err)
+			}
+			tt.check(t, c)
+			// Every accepted file must survive a Format round trip.
+			back, err := parseString(t, c.Format(), dir)
+			if err != nil {
+				t.Fatalf("reparse of Format output failed: %v\n%s", err, c.Format())
+			}
+			if !sameConfig(c, back) {
+				t.Fatalf("round trip changed config:\n got %+v\nwant %+v\n%s", back, c, c.Format())
+			}
+		})
+	}
+}
+
+func TestBooleanSpellings(t *testing.T) {
+	dir := launchDir(t)
+	for _, key := range []string{"x402", "restore", "snapshot_allow_dirty", "park_dirty", "fork_reseed"} {
+		for _, v := range []string{"1", "on", "ON", "true", "True", "yes", "YES", "0", "off", "Off", "false", "FALSE", "no", "No"} {
+			t.Run(key+"="+v, func(t *testing.T) {
+				text := key + " = " + v
+				// restore=1 needs its partner; keep the file valid.
+				if key == "restore" && strings.Contains("1 on ON true True yes YES", v) {
+					text += "\nrestore_from = /s.snap"
+				}
+				c, err := parseString(t, text, dir)
+				if err != nil {
+					t.Fatalf("Parse(%q): %v", text, err)
+				}
+				want := strings.Contains("1 on ON true True yes YES", v)
+				got := map[string]bool{
+					"x402": c.X402, "restore": c.Restore, "snapshot_allow_dirty": c.SnapshotAllowDirty,
+					"park_dirty": c.ParkDirty, "fork_reseed": c.ForkReseed,
+				}[key]
+				if got != want {
+					t.Errorf("%s = %v, want %v", text, got, want)
+				}
+			})
+		}
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	dir := launchDir(t)
+	long := "/" + strings.Repeat("s", 107) // 108 bytes: one too many for sun_path
+	tests := []struct {
+		name string
+		text string
+		line int
+		key  string
+		msg  string // substring of Error()
+	}{
+		// Integers.
+		{"cpus not a number", "cpus = abc", 1, "cpus", `"abc" is not a whole number`},
+		{"cpus negative", "cpus = -1", 1, "cpus", `"-1" is not a whole number`},
+		{"cpus plus sign", "cpus = +2", 1, "cpus", `"+2" is not a whole number`},
+		{"cpus underscore", "ram_mb = 1_024", 1, "ram_mb", `"1_024" is not a whole number`},
+		{"cpus hex", "cpus = 0x2", 1, "cpus", "not a whole number"},
+		{"cpus float", "cpus = 2.0", 1, "cpus", "not a whole number"},
+		{"cpus leading zero", "cpus = 02", 1, "cpus", "leading zero"},
+		{"cpus zero", "cpus = 0", 1, "cpus", "out of range (1..32)"},
+		{"cpus too many", "cpus = 33", 1, "cpus", "33 is out of range (1..32)"},
+		{"cpus overflow", "cpus = 99999999999999999999", 1, "cpus", "too large"},
+		{"ram_mb too small", "ram_mb = 127", 1, "ram_mb", "out of range (128..65536)"},
+		{"ram_mb too big", "ram_mb = 65537", 1, "ram_mb", "out of range (128..65536)"},
+		{"ram_mb abc", "\n\nram_mb = abc", 3, "ram_mb", `nether.conf:3: ram_mb: "abc" is not a whole number`},
+		{"max_output_bytes negative", "max_output_bytes = -1", 1, "max_output_bytes", "not a whole number"},
+		{"max_output_bytes overflow", "max_output_bytes = 9223372036854775808", 1, "max_output_bytes", "too large"},
+		{"max_output_bytes suffix", "max_output_bytes = 1M", 1, "max_output_bytes", "not a whole number"},
+
+		// Booleans and enums.
+		{"x402 bad", "x402 = maybe", 1, "x402", `"maybe" is not a boolean`},
+		{"restore bad", "restore = 2", 1, "restore", "not a boolean"},
+		{"snapshot_allow_dirty bad", "snapshot_allow_dirty = y", 1, "snapshot_allow_dirty", "not a boolean"},
+		{"park_dirty bad", "park_dirty = enable", 1, "park_dirty", "not a boolean"},
+		{"fork_reseed bad", "fork_reseed = -1", 1, "fork_reseed", "not a boolean"},
+		{"accel bad", "accel = hvf", 1, "accel", `"hvf" is not an accelerator (want auto, kvm or tcg)`},
+		{"accel uppercase", "accel = KVM", 1, "accel", "not an accelerator"},
+
+		// Paths.
+		{"control_socket too long", "control_socket = " + long, 1, "control_socket", "at most 107 bytes"},
+		{"control_socket relative too long", "control_socket = " + strings.Repeat("s", 107), 1, "control_socket", "at most 107 bytes"},
+		{"kernel missing", "kernel = nope", 1, "kernel", filepath.Join(dir, "nope") + " does not exist"},
+		{"kernel is dir", "kernel = adir", 1, "kernel", "is not a regular file"},
+		{"image missing", "\nimage = /nonexistent/initrd", 2, "image", "/nonexistent/initrd does not exist"},
+		{"image is dir", "image = " + dir, 1, "image", "is not a regular file"},
+		{"restore_from relative", "restore = 1\nrestore_from = base.snap", 2, "restore_from", `"base.snap" is not an absolute path`},
+
+		// Values.
+		{"missing value", "cpus =", 1, "cpus", "missing value"},
+		{"missing value before comment", "cpus = # none", 1, "cpus", "missing value"},
+		{"two tokens", "cpus = 2 4", 1, "cpus", "not a single value"},
+		{"path with space", "kernel = my kernel", 1, "kernel", "not a single value"},
+		{"control char", "control_socket = a\x01b", 1, "control_socket", "control character"},
+		{"stray CR", "cpus = 2\r\r", 1, "cpus", "control character"},
+
+		// Structure.
+		{"no equals", "cpus 2", 1, "cpus", `expected "key = value"`},
+		{"bare word", "\n\nhello", 3, "hello", `expected "key = value"`},
+		{"no key", " = 3", 1, "", `missing key before "="`},
+		{"unknown key", "foo = 1", 1, "foo", "unknown key"},
+		{"unknown key suggestion", "ram_gb = 1", 1, "ram_gb", "did you mean ram_mb?"},
+		{"uppercase key", "CPUS = 2", 1, "CPUS", "did you mean cpus?"},
+		{"key with space", "ram mb = 2", 1, "ram mb", `nether.conf:1: "ram mb": unknown key`},
+		{"duplicate", "cpus = 1\n# x\ncpus = 2", 3, "cpus", "duplicate key (first set on line 1)"},
+		{"duplicate same value", "x402 = on\nx402 = on", 2, "x402", "duplicate key"},
+
+		// Byte-level.
+		{"NUL", "cpus = 1\ncpus\x00 = 2", 2, "", "NUL byte"},
+		{"NUL in value names key", "ram_mb = 1\x002", 1, "ram_mb", "NUL byte"},
+		{"invalid UTF-8", "# ok\ncontrol_socket = /tmp/\xff.sock", 2, "control_socket", "not valid UTF-8"},
+		{"invalid UTF-8 in comment", "# \xc3\x28\n", 1, "", "not valid UTF-8"},
+		{"long line", "# " + strings.Repeat("x", 4095), 1, "", "longer than the 4096-byte limit"},
+		{"long line names key", "kernel = " + strings.Repeat("x", 4096), 1, "kernel", "longer than the 4096-byte limit"},
+
+		// Cross-field.
+		{"restore without restore_from", "restore = 1", 1, "restore", "restore=1 requires restore_from"},
+		{"restore_from without restore", "restore_from = /s.snap", 1, "restore_from", "restore is not 1"},
+		{"restore_from with restore 0", "restore = 0\nrestore_from = /s.snap", 2, "restore_from", "restore is not 1"},
+		{"validate_snapshot with restore", "restore = 1\nrestore_from = /s.snap\nvalidate_snapshot = /s.snap", 3, "validate_snapshot", "cannot be combined with restore=1 (line 1)"},
+	}
+	// Every not-yet-implemented spec key must be refused with the same
+	// distinct message, whatever its value looks like.
+	for _, k := range []string{
+		"net", "net_open", "net_allow", "net_block", "net_rate_kbps", "max_runtime_s", "max_cpu_s",
+		"idle_timeout_s", "disk", "disk_size_mb", "app_port", "data_socket", "max_data_conns",
+		"data_idle_ms", "data_rate_kbps", "egress_port", "egress_socket", "run_as", "gpu", "snapshot_save",
+	} {
+		tests = append(tests, struct {
+			name, text string
+			line       int
+			key, msg   string
+		}{"unsupported " + k, "cpus = 2\n" + k + " = 10.0.0.0/8, 192.168.0.0/16", 2, k,
+			"nether.conf:2: " + k + ": " + k + " is not supported by this build yet"})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := parseString(t, tt.text, dir)
+			if err == nil {
+				t.Fatalf("Parse(%q) = %+v, want error", tt.text, c)
+			}
+			var ce *Error
+			if !errors.As(err, &ce) {
+				t.Fatalf("error %v is %T, want *Error", err, err)
+			}
+			if ce.File != "nether.conf" || ce.Line != tt.line || ce.Key != tt.key {
+				t.Errorf("error at %s:%d key %q, want nether.conf:%d key %q (%v)", ce.File, ce.Line, ce.Key, tt.line, tt.key, err)
+			}
+			if !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("error %q does not contain %q", err, tt.msg)
+			}
+			// The rendered message names the file, line and key.
+			prefix := "nether.conf:" + strconv.Itoa(tt.line) + ": "
+			if !strings.HasPrefix(err.Error(), prefix) {
+				t.Errorf("error %q does not start with %q", err, prefix)
+			}
+			if tt.key != "" && !strings.Contains(err.Error(), tt.key) {
+				t.Errorf("error %q does not name key %q", err, tt.key)
+			}
+		})
+	}
+}
+
+func TestFileTooLarge(t *testing.T) {
+	dir := launchDir(t)
+	// Exactly at the limit is fine; one byte more is not.
+	line := "# " + strings.Repeat("x", 1021) + "\n" // 1024 bytes
+	ok := strings.Repeat(line, 64)
+	if _, err := parseString(t, ok, dir); err != nil {
+		t.Fatalf("64 KiB file rejected: %v", err)
+	}
+	_, err := parseString(t, ok+"\n", dir)
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Line != 0 || !strings.Contains(err.Error(), "larger than 64 KiB") {
+		t.Fatalf("oversized file: got %v", err)
+	}
+	if !strings.HasPrefix(err.Error(), "nether.conf: ") {
+		t.Errorf("file-level error %q should start with the file name", err)
+	}
+}
+
+func TestErrorFormat(t *testing.T) {
+	tests := []struct {
+		e    Error
+		want string
+	}{
+		{Error{File: "nether.conf", Line: 3, Key: "ram_mb", Msg: `"abc" is not a whole number`}, `nether.conf:3: ram_mb: "abc" is not a whole number`},
+		{Error{File: "nether.conf", Msg: "file is larger than 64 KiB"}, "nether.conf: file is larger than 64 KiB"},
+		{Error{File: "nether.conf", Line: 2, Msg: "line contains a NUL byte"}, "nether.conf:2: line contains a NUL byte"},
+		{Error{File: "nether.conf", Line: 1, Key: "a\nb", Msg: "unknown key"}, `nether.conf:1: "a\nb": unknown key`},
+		{Error{Msg: "bare"}, "bare"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			if got := tt.e.Error(); got != tt.want {
+				t.Errorf("Error() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	t.Run("reads nether.conf", func(t *testing.T) {
+		dir := launchDir(t)
+		if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte("control_socket = ctl.sock\nkernel = vmlinuz\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		eq(t, c.Dir, dir)
+		eq(t, c.ControlSocket, filepath.Join(dir, "ctl.sock"))
+		eq(t, c.Kernel, filepath.Join(dir, "vmlinuz"))
+	})
+	t.Run("relative dir", func(t *testing.T) {
+		dir := launchDir(t)
+		if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte("cpus = 2\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Chdir(dir)
+		c, err := Load(".")
+		if err != nil {
+			t.Fatal(err)
+		}
+		eq(t, c.CPUs, 2)
+		if !filepath.IsAbs(c.Dir) {
+			t.Errorf("Dir %q not absolute", c.Dir)
+		}
+	})
+	t.Run("missing file", func(t *testing.T) {
+		dir := t.TempDir()
+		_, err := Load(dir)
+		if err == nil {
+			t.Fatal("Load of a directory without nether.conf succeeded")
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("error %v should wrap fs.ErrNotExist", err)
+		}
+		for _, want := range []string{"no nether.conf", dir, "control_socket"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("error %q does not mention %q", err, want)
+			}
+		}
+	})
+	t.Run("error names file and line", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte("cpus = 1\nram_mb = abc\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(dir)
+		if err == nil || err.Error() != `nether.conf:2: ram_mb: "abc" is not a whole number` {
+			t.Fatalf("got %v", err)
+		}
+	})
+	t.Run("nether.conf is a directory", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.Mkdir(filepath.Join(dir, "nether.conf"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Load(dir); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+func TestFormat(t *testing.T) {
+	dir := launchDir(t)
+	t.Run("defaults write no keys", func(t *testing.T) {
+		f := Defaults(dir).Format()
+		for _, l := range strings.Split(strings.TrimSpace(f), "\n") {
+			if !strings.HasPrefix(l, "#") {
+				t.Errorf("default Format has key line %q", l)
+			}
+		}
+	})
+	t.Run("every key round trips", func(t *testing.T) {
+		text := strings.Join([]string{
+			"control_socket = ctl.sock",
+			"cpus = 8",
+			"ram_mb = 4096",
+			"max_output_bytes = 0",
+			"x402 = yes",
+			"accel = tcg",
+			"kernel = vmlinuz",
+			"image = initramfs.cpio",
+			"restore = on",
+			"restore_from = /var/snaps/base.snap",
+			"snapshot_allow_dirty = true",
+			"park_dirty = 1",
+			"fork_reseed = no",
+		}, "\n")
+		c, err := parseString(t, text, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := c.Format()
+		want := "# nether.conf (canonical form; unlisted keys are at their defaults)\n" +
+			"control_socket = " + filepath.Join(dir, "ctl.sock") + "\n" +
+			"cpus = 8\n" +
+			"ram_mb = 4096\n" +
+			"max_output_bytes = 0\n" +
+			"x402 = on\n" +
+			"accel = tcg\n" +
+			"kernel = " + filepath.Join(dir, "vmlinuz") + "\n" +
+			"image = " + filepath.Join(dir, "initramfs.cpio") + "\n" +
+			"restore = 1\n" +
+			"restore_from = /var/snaps/base.snap\n" +
+			"snapshot_allow_dirty = 1\n" +
+			"park_dirty = 1\n" +
+			"fork_reseed = 0\n"
+		if f != want {
+			t.Fatalf("Format =\n%s\nwant\n%s", f, want)
+		}
+		back, err := parseString(t, f, dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !sameConfig(c, back) {
+			t.Fatalf("round trip: got %+v want %+v", back, c)
+		}
+	})
+	t.Run("validate_snapshot round trips", func(t *testing.T) {
+		c, err := parseString(t, "validate_snapshot = s.snap", dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := parseString(t, c.Format(), dir)
+		if err != nil || !sameConfig(c, back) {
+			t.Fatalf("round trip: %v %+v", err, back)
+		}
+	})
+}
+
+func TestReport(t *testing.T) {
+	dir := launchDir(t)
+	c, err := parseString(t, "control_socket = /tmp/n.sock\ncpus = 2\nx402 = on\n", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"control_socket=/tmp/n.sock",
+		"cpus=2",
+		"ram_mb=512",
+		"max_output_bytes=1048576",
+		"x402=on",
+		"accel=auto",
+		"kernel=",
+		"image=",
+		"restore=0",
+		"restore_from=",
+		"snapshot_allow_dirty=0",
+		"park_dirty=0",
+		"validate_snapshot=",
+		"fork_reseed=1",
+	}
+	if got := c.Report(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("Report =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func eq[T comparable](t *testing.T, got, want T) {
+	t.Helper()
+	if got != want {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}

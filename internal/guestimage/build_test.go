@@ -1,0 +1,258 @@
+package guestimage
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/u-root/u-root/pkg/cpio"
+)
+
+// staticBusybox returns DefaultBusybox if it is the static build, else skips
+// (outside CI) or fails (in CI, where setup.sh installed busybox-static).
+func staticBusybox(t *testing.T) string {
+	t.Helper()
+	if err := checkStatic(DefaultBusybox, "busybox"); err != nil {
+		if os.Getenv("CI") == "" {
+			t.Skipf("need a static busybox: %v", err)
+		}
+		t.Fatal(err)
+	}
+	return DefaultBusybox
+}
+
+// fakeKernel lays out a kernel-like tree: modules.dep, modules.builtin, plain
+// and (if xz is installed) xz-compressed modules, and dummy kernel images.
+func fakeKernel(t *testing.T) *Kernel {
+	t.Helper()
+	dir := t.TempDir()
+	ver := "6.1.0-99-amd64"
+	mods := filepath.Join(dir, "lib", "modules", ver)
+	write := func(rel, content string) {
+		p := filepath.Join(mods, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("kernel/drivers/virtio/virtio.ko", "\x7fELF virtio")
+	write("kernel/drivers/char/virtio_console.ko", "\x7fELF console")
+	dep := "kernel/drivers/virtio/virtio.ko:\nkernel/drivers/char/virtio_console.ko: kernel/drivers/virtio/virtio.ko\n"
+	if _, err := exec.LookPath("xz"); err == nil {
+		write("kernel/drivers/char/hw_random/virtio-rng.ko", "\x7fELF rng")
+		if out, err := exec.Command("xz", filepath.Join(mods, "kernel/drivers/char/hw_random/virtio-rng.ko")).CombinedOutput(); err != nil {
+			t.Fatalf("xz: %v %s", err, out)
+		}
+		dep += "kernel/drivers/char/hw_random/virtio-rng.ko.xz: kernel/drivers/virtio/virtio.ko\n"
+	}
+	write("modules.dep", dep)
+	write("modules.builtin", "kernel/drivers/virt/vmgenid.ko\n")
+	for _, f := range []string{"vmlinux", "vmlinuz"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("fake "+f), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &Kernel{
+		Version: ver, Package: "linux-image-" + ver, PackageVersion: "6.1.999-1",
+		Vmlinux: filepath.Join(dir, "vmlinux"), Vmlinuz: filepath.Join(dir, "vmlinuz"), ModulesDir: mods, PVH: true,
+	}
+}
+
+func readArchive(t *testing.T, p string) map[string]cpio.Record {
+	t.Helper()
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	recs, err := cpio.ReadAllRecords(cpio.Newc.Reader(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]cpio.Record{}
+	for _, r := range recs {
+		m[r.Name] = r
+	}
+	return m
+}
+
+func content(t *testing.T, r cpio.Record) string {
+	t.Helper()
+	b, err := io.ReadAll(io.NewSectionReader(r.ReaderAt, 0, int64(r.FileSize)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+func TestBuild(t *testing.T) {
+	bb := staticBusybox(t)
+	k := fakeKernel(t)
+	// busybox doubles as the stand-in agent: any static x86_64 ELF will do.
+	opts := func(out string) BuildOptions {
+		return BuildOptions{Kernel: k, Agent: bb, Busybox: bb, Modules: []string{"virtio-console", "virtio_rng", "vmgenid"}, Out: out}
+	}
+	if _, err := exec.LookPath("xz"); err != nil {
+		opts = func(out string) BuildOptions {
+			return BuildOptions{Kernel: k, Agent: bb, Busybox: bb, Modules: []string{"virtio-console", "vmgenid"}, Out: out}
+		}
+	}
+	outA, outB := t.TempDir(), t.TempDir()
+	mA, err := Build(opts(outA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mB, err := Build(opts(outB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(filepath.Join(outA, InitramfsFile))
+	b, _ := os.ReadFile(filepath.Join(outB, InitramfsFile))
+	if !bytes.Equal(a, b) || mA.SHA256.Initramfs != mB.SHA256.Initramfs {
+		t.Fatalf("two builds from the same inputs differ (%d vs %d bytes)", len(a), len(b))
+	}
+
+	recs := readArchive(t, filepath.Join(outA, InitramfsFile))
+	modRoot := "lib/modules/" + k.Version + "/"
+	wantList := "/" + modRoot + "kernel/drivers/virtio/virtio.ko\n/" + modRoot + "kernel/drivers/char/virtio_console.ko\n"
+	if len(mA.RootModules) == 3 {
+		wantList += "/" + modRoot + "kernel/drivers/char/hw_random/virtio-rng.ko\n"
+	}
+	checks := []struct {
+		name  string
+		check func(r cpio.Record) string // returns a complaint or ""
+	}{
+		{"init", func(r cpio.Record) string {
+			if r.Mode != cpio.S_IFREG|0o755 {
+				return "mode not 0755 regular"
+			}
+			return ""
+		}},
+		{"bin/sh", func(r cpio.Record) string {
+			if r.Mode&cpio.S_IFMT != cpio.S_IFLNK || content(t, r) != "busybox" {
+				return "not a symlink to busybox"
+			}
+			return ""
+		}},
+		{"bin/busybox", func(r cpio.Record) string { return "" }},
+		{"etc/nether/modules", func(r cpio.Record) string {
+			if got := content(t, r); got != wantList {
+				return "content " + got
+			}
+			return ""
+		}},
+		{modRoot + "kernel/drivers/char/virtio_console.ko", func(r cpio.Record) string {
+			if content(t, r) != "\x7fELF console" {
+				return "wrong content"
+			}
+			return ""
+		}},
+		{"tmp", func(r cpio.Record) string {
+			if r.Mode != cpio.S_IFDIR|0o1777 {
+				return "not 1777"
+			}
+			return ""
+		}},
+		{"home/nether", func(r cpio.Record) string {
+			if r.UID != 1000 || r.GID != 1000 {
+				return "not owned by 1000:1000"
+			}
+			return ""
+		}},
+		{"dev/console", func(r cpio.Record) string {
+			if r.Mode&cpio.S_IFMT != cpio.S_IFCHR || r.Rmajor != 5 || r.Rminor != 1 {
+				return "not char 5:1"
+			}
+			return ""
+		}},
+		{"etc/passwd", func(r cpio.Record) string {
+			if !strings.Contains(content(t, r), "nether:x:1000:1000:nether:/home/nether:/bin/sh") {
+				return "no nether user"
+			}
+			return ""
+		}},
+	}
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			r, ok := recs[c.name]
+			if !ok {
+				t.Fatalf("%s missing from the initramfs", c.name)
+			}
+			if r.MTime != 0 {
+				t.Errorf("mtime %d, want 0", r.MTime)
+			}
+			if msg := c.check(r); msg != "" {
+				t.Error(msg)
+			}
+		})
+	}
+	if len(mA.RootModules) == 3 {
+		if r, ok := recs[modRoot+"kernel/drivers/char/hw_random/virtio-rng.ko"]; !ok || content(t, r) != "\x7fELF rng" {
+			t.Error("xz module not stored decompressed as .ko")
+		}
+	}
+	if len(mA.BuiltinModules) != 1 || mA.BuiltinModules[0] != "vmgenid" {
+		t.Errorf("builtin = %q, want [vmgenid]", mA.BuiltinModules)
+	}
+
+	t.Run("rebuild skipped when inputs unchanged", func(t *testing.T) {
+		m, err := Build(opts(outA))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !m.Reused || m.SHA256.Initramfs != mA.SHA256.Initramfs || len(m.Modules) != len(mA.Modules) {
+			t.Fatalf("Reused=%v, sums %s vs %s", m.Reused, m.SHA256.Initramfs, mA.SHA256.Initramfs)
+		}
+	})
+	t.Run("damaged output rebuilt", func(t *testing.T) {
+		if err := os.WriteFile(filepath.Join(outA, InitramfsFile), []byte("junk"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		m, err := Build(opts(outA))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(filepath.Join(outA, InitramfsFile))
+		if m.Reused || !bytes.Equal(got, a) {
+			t.Fatalf("Reused=%v, initramfs restored=%v", m.Reused, bytes.Equal(got, a))
+		}
+	})
+}
+
+func TestBuildErrors(t *testing.T) {
+	bb := staticBusybox(t)
+	k := fakeKernel(t)
+	dynamic := "/bin/ls" // coreutils is always dynamically linked on Debian
+	tests := []struct {
+		name    string
+		opts    BuildOptions
+		wantErr string
+	}{
+		{"dynamic busybox", BuildOptions{Kernel: k, Agent: bb, Busybox: dynamic, Out: t.TempDir()},
+			"busybox at /bin/ls is dynamically linked; install busybox-static"},
+		{"dynamic agent", BuildOptions{Kernel: k, Agent: dynamic, Busybox: bb, Out: t.TempDir()},
+			"agent at /bin/ls is dynamically linked"},
+		{"missing agent", BuildOptions{Kernel: k, Agent: "/nonexistent/agent", Busybox: bb, Out: t.TempDir()},
+			"agent binary /nonexistent/agent does not exist"},
+		{"unknown module", BuildOptions{Kernel: k, Agent: bb, Busybox: bb, Modules: []string{"nope"}, Out: t.TempDir()},
+			"nope is neither in modules.dep nor in modules.builtin"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Build(tc.opts)
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want containing %q", err, tc.wantErr)
+			}
+		})
+	}
+	if _, err := Build(BuildOptions{Agent: bb}); err == nil || errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Build without kernel: err = %v", err)
+	}
+}
