@@ -276,10 +276,12 @@ func newClient(s *Server, conn *net.UnixConn) *client {
 func (c *client) drop(why string) {
 	c.once.Do(func() {
 		c.s.log.Info("control: client dropped", "primary", c.primary, "why", why)
-		c.conn.Close()
+		// Free the slot before the client can see its connection close,
+		// so a client that reconnects at once finds it free.
+		c.s.release(c)
 		c.cancel()
 		close(c.done)
-		c.s.release(c)
+		c.conn.Close()
 	})
 }
 
@@ -334,10 +336,8 @@ func (c *client) readLoop() {
 	defer close(c.work)
 	r := bufio.NewReaderSize(c.conn, 64<<10)
 	for {
-		line, err := readLine(r, cmdline.MaxLine)
-		if len(line) > 0 || errors.Is(err, errLineTooLong) {
-			c.s.meter.In(len(line) + 1)
-		}
+		line, n, err := readLine(r, cmdline.MaxLine)
+		c.s.meter.In(n)
 		if errors.Is(err, errLineTooLong) {
 			c.errReply("command longer than %d bytes", cmdline.MaxLine)
 			continue
@@ -346,10 +346,10 @@ func (c *client) readLoop() {
 			c.drop("disconnected")
 			return
 		}
-		if strings.TrimSpace(line) == "" {
+		cmd, perr := cmdline.Parse(line)
+		if errors.Is(perr, cmdline.ErrEmpty) {
 			continue // blank lines are keep-alives, not commands
 		}
-		cmd, perr := cmdline.Parse(line)
 		if perr != nil {
 			c.errReply("%v", perr)
 			continue
@@ -394,6 +394,11 @@ func (c *client) dispatch(cmd cmdline.Command) {
 
 func (c *client) workLoop() {
 	for cmd := range c.work {
+		if c.ctx.Err() != nil {
+			// The client left: what it queued behind the running command
+			// must not drive the guest on behalf of nobody.
+			continue
+		}
 		switch cmd.Name {
 		case "":
 			c.runShell(cmd.Shell)
@@ -495,14 +500,16 @@ func (c *client) runShell(command string) {
 
 var errLineTooLong = errors.New("line too long")
 
-// readLine reads one \n-terminated line of at most max bytes. A longer
-// line is consumed to its end and reported as errLineTooLong, so the next
-// line is read in sync.
-func readLine(r *bufio.Reader, max int) (string, error) {
+// readLine reads one \n-terminated line of at most max bytes and reports
+// how many bytes it consumed. A longer line is consumed to its end and
+// reported as errLineTooLong, so the next line is read in sync.
+func readLine(r *bufio.Reader, max int) (string, int, error) {
 	var b []byte
+	n := 0
 	tooLong := false
 	for {
 		part, err := r.ReadSlice('\n')
+		n += len(part)
 		if !tooLong {
 			b = append(b, part...)
 			if len(b) > max+1 {
@@ -513,11 +520,11 @@ func readLine(r *bufio.Reader, max int) (string, error) {
 			continue
 		}
 		if err != nil {
-			return string(b), err
+			return string(b), n, err
 		}
 		if tooLong {
-			return "", errLineTooLong
+			return "", n, errLineTooLong
 		}
-		return strings.TrimRight(string(b), "\r\n"), nil
+		return strings.TrimRight(string(b), "\r\n"), n, nil
 	}
 }

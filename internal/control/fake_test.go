@@ -1,0 +1,353 @@
+package control
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nethersandbox/nether/internal/meter"
+)
+
+// script is what the fake guest does for one shell command.
+type script struct {
+	chunks [][]byte      // output, handed over one chunk per Read
+	delay  time.Duration // before every chunk
+	gateAt int           // with gate != nil: block before chunk gateAt until gate closes
+	gate   chan struct{}
+	status string // the agent's exit text, reported after EOF
+	err    error  // returned by Read after the chunks instead of io.EOF
+}
+
+// fakeOutput is one running command's output.
+type fakeOutput struct {
+	sc      script
+	i       int           // next chunk
+	rest    []byte        // unread part of the current chunk
+	served  atomic.Int32  // chunks handed over so far
+	drained chan struct{} // closed when Read has returned io.EOF or sc.err
+	once    sync.Once
+}
+
+func (o *fakeOutput) Read(p []byte) (int, error) {
+	if len(o.rest) == 0 {
+		if o.i >= len(o.sc.chunks) {
+			o.once.Do(func() { close(o.drained) })
+			if o.sc.err != nil {
+				return 0, o.sc.err
+			}
+			return 0, io.EOF
+		}
+		if o.sc.gate != nil && o.i == o.sc.gateAt {
+			<-o.sc.gate
+		}
+		if o.sc.delay > 0 {
+			time.Sleep(o.sc.delay)
+		}
+		o.rest = o.sc.chunks[o.i]
+		o.i++
+		o.served.Add(1)
+	}
+	n := copy(p, o.rest)
+	o.rest = o.rest[n:]
+	return n, nil
+}
+
+func (o *fakeOutput) Status() []byte { return []byte(o.sc.status) }
+
+// fakeBackend is a scripted Backend. Shell commands look their script up
+// by the exact command text; an unknown command echoes "ran <cmd>\n" and
+// exits 0.
+type fakeBackend struct {
+	agentUp   chan struct{}
+	agentOnce sync.Once
+
+	mu      sync.Mutex
+	scripts map[string]script
+	execs   []string
+	outs    map[string][]*fakeOutput
+	execErr error // returned by Exec when set
+
+	waitCalls  atomic.Int32
+	shutdowns  atomic.Int32
+	putCalls   atomic.Int32
+	getCalls   atomic.Int32
+	execSignal chan string // optional: receives every command Exec starts
+}
+
+func newFake() *fakeBackend {
+	return &fakeBackend{
+		agentUp: make(chan struct{}),
+		scripts: map[string]script{},
+		outs:    map[string][]*fakeOutput{},
+	}
+}
+
+// up connects the fake agent.
+func (f *fakeBackend) up() { f.agentOnce.Do(func() { close(f.agentUp) }) }
+
+func (f *fakeBackend) on(cmd string, sc script) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.scripts[cmd] = sc
+}
+
+func (f *fakeBackend) WaitAgent(ctx context.Context) error {
+	f.waitCalls.Add(1)
+	select {
+	case <-f.agentUp: // a connected agent wins over a finished ctx
+		return nil
+	default:
+	}
+	select {
+	case <-f.agentUp:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (f *fakeBackend) Exec(ctx context.Context, command string) (Output, error) {
+	f.mu.Lock()
+	if f.execErr != nil {
+		f.mu.Unlock()
+		return nil, f.execErr
+	}
+	sc, ok := f.scripts[command]
+	if !ok {
+		sc = script{chunks: [][]byte{[]byte("ran " + command + "\n")}, status: "0"}
+	}
+	o := &fakeOutput{sc: sc, drained: make(chan struct{})}
+	f.execs = append(f.execs, command)
+	f.outs[command] = append(f.outs[command], o)
+	sig := f.execSignal
+	f.mu.Unlock()
+	if sig != nil {
+		sig <- command
+	}
+	return o, nil
+}
+
+func (f *fakeBackend) Put(ctx context.Context, hostPath, guestPath string) (int64, error) {
+	f.putCalls.Add(1)
+	return 42, nil
+}
+
+func (f *fakeBackend) Get(ctx context.Context, guestPath, hostPath string) (int64, error) {
+	f.getCalls.Add(1)
+	return 7, nil
+}
+
+func (f *fakeBackend) Info() string {
+	return "proto_version=2\nbackend=fake\nmax_output_bytes=1048576\n"
+}
+
+func (f *fakeBackend) Shutdown() { f.shutdowns.Add(1) }
+
+func (f *fakeBackend) execCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.execs)
+}
+
+// output returns the n-th fakeOutput started for cmd, waiting for it.
+func (f *fakeBackend) output(t *testing.T, cmd string, n int) *fakeOutput {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		f.mu.Lock()
+		outs := f.outs[cmd]
+		f.mu.Unlock()
+		if len(outs) > n {
+			return outs[n]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Exec(%q) #%d never started", cmd, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// waitDrained waits until the server has read o to its end.
+func waitDrained(t *testing.T, o *fakeOutput, within time.Duration) {
+	t.Helper()
+	select {
+	case <-o.drained:
+	case <-time.After(within):
+		t.Fatalf("the server did not drain the command output to EOF within %s (read %d of %d chunks)", within, o.served.Load(), len(o.sc.chunks))
+	}
+}
+
+// ---- server harness ----
+
+type harness struct {
+	s    *Server
+	fb   *fakeBackend
+	m    *meter.Meter
+	path string
+}
+
+// sockPath is a socket path short enough for sun_path.
+func sockPath(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "c.sock")
+	if len(p) >= 100 {
+		d, err := os.MkdirTemp("", "nctl")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(d) })
+		p = filepath.Join(d, "c.sock")
+	}
+	return p
+}
+
+func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// start runs a server on a fresh socket; tune adjusts it before Serve.
+func start(t *testing.T, fb *fakeBackend, maxOut int64, tune func(*Server)) *harness {
+	t.Helper()
+	return startOn(t, sockPath(t), fb, maxOut, tune)
+}
+
+// startOn is start on a given socket path.
+func startOn(t *testing.T, path string, fb *fakeBackend, maxOut int64, tune func(*Server)) *harness {
+	t.Helper()
+	m := meter.New(nil, 512, 2)
+	s := New(quietLog(), fb, m, maxOut)
+	if tune != nil {
+		tune(s)
+	}
+	if err := s.Listen(path); err != nil {
+		t.Fatalf("Listen: %v", err)
+	}
+	done := make(chan struct{})
+	go func() { s.Serve(); close(done) }()
+	t.Cleanup(func() {
+		s.Close()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Error("Serve did not return after Close")
+		}
+	})
+	return &harness{s: s, fb: fb, m: m, path: path}
+}
+
+// conn is a raw client connection with a buffered reader.
+type conn struct {
+	t  *testing.T
+	c  *net.UnixConn
+	br *bufio.Reader
+}
+
+func (h *harness) dial(t *testing.T) *conn {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: h.path, Net: "unix"})
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &conn{t: t, c: c, br: bufio.NewReaderSize(c, 64<<10)}
+}
+
+func (c *conn) send(line string) {
+	c.t.Helper()
+	c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.c.Write([]byte(line + "\n")); err != nil {
+		c.t.Fatalf("send %q: %v", trunc(line), err)
+	}
+}
+
+// readFrame reads raw wire bytes up to and including a trailer: the body
+// as sent (still escaped), then the exit text. It fails the test on a
+// timeout or a stream error.
+func (c *conn) readFrame(within time.Duration) (body []byte, exit string) {
+	c.t.Helper()
+	body, exit, err := c.tryFrame(within)
+	if err != nil {
+		c.t.Fatalf("reading a frame: %v (body so far %q)", err, trunc(string(body)))
+	}
+	return body, exit
+}
+
+func (c *conn) tryFrame(within time.Duration) (body []byte, exit string, err error) {
+	c.c.SetReadDeadline(time.Now().Add(within))
+	defer c.c.SetReadDeadline(time.Time{})
+	body, err = c.br.ReadBytes(0x1e)
+	if err != nil {
+		return body, "", err
+	}
+	body = body[:len(body)-1]
+	text, err := c.br.ReadString('\n')
+	if err != nil {
+		return body, text, err
+	}
+	return body, text[:len(text)-1], nil
+}
+
+// roundTrip sends line and returns its whole reply as raw wire bytes.
+func (c *conn) roundTrip(line string) string {
+	c.t.Helper()
+	c.send(line)
+	body, exit := c.readFrame(10 * time.Second)
+	return string(body) + "\x1e" + exit + "\n"
+}
+
+// readUntilClosed reads everything left and reports whether the stream
+// ended (EOF or reset) rather than timing out.
+func (c *conn) readUntilClosed(within time.Duration) ([]byte, bool) {
+	c.c.SetReadDeadline(time.Now().Add(within))
+	defer c.c.SetReadDeadline(time.Time{})
+	var buf bytes.Buffer
+	_, err := io.Copy(&buf, c.br)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return buf.Bytes(), false
+	}
+	return buf.Bytes(), true
+}
+
+// primaryFree reports whether the server has no primary client.
+func (h *harness) primaryFree() bool {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	return h.s.primary == nil
+}
+
+func (h *harness) clientCount() int {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	return len(h.s.clients)
+}
+
+// waitFor polls cond (server-internal state) until it holds.
+func waitFor(t *testing.T, what string, within time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", within, what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func trunc(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "..."
+	}
+	return s
+}
+
+// framed is the expected wire form of a reply.
+func framed(body, exit string) string { return body + "\x1e" + exit + "\n" }
