@@ -51,23 +51,12 @@ if [ "${major:-0}" -lt 1 ] || { [ "$major" -eq 1 ] && [ "${minor:-0}" -lt 26 ]; 
 	die "Go $gover at $GO is too old; need >= 1.26"
 fi
 
-# Build each command whose package exists yet (others are being written).
-has_go() { compgen -G "$1/*.go" >/dev/null; }
-pkgs=()
-for c in nether nether-ctl nether-guest; do
-	if has_go "cmd/$c"; then pkgs+=("./cmd/$c"); else say "skipping cmd/$c (no Go files yet)"; fi
-done
+pkgs=(./cmd/nether ./cmd/nether-ctl ./cmd/nether-guest)
 mkdir -p bin
-if [ ${#pkgs[@]} -gt 0 ]; then
-	"$GO" build -trimpath -o bin/ "${pkgs[@]}"
-	say "built ${pkgs[*]#./cmd/} into bin/ ($gover)"
-fi
+"$GO" build -trimpath -o bin/ "${pkgs[@]}"
+say "built ${pkgs[*]#./cmd/} into bin/ ($gover)"
 
 # The agent is PID 1 in an initramfs without libc: it must be static.
-if ! has_go cmd/nether-agent; then
-	say "cmd/nether-agent has no Go files yet: skipping the agent and the guest image"
-	exit 0
-fi
 CGO_ENABLED=0 "$GO" build -trimpath -ldflags='-s -w' -o bin/nether-agent ./cmd/nether-agent
 say "built static bin/nether-agent"
 

@@ -15,7 +15,7 @@ import (
 
 // initSystem does what an init does before anything else can run: the
 // kernel gives PID 1 an empty rootfs with no mounts.
-func initSystem(params map[string]string, log *slog.Logger) error {
+func initSystem(log *slog.Logger) (map[string]string, error) {
 	var errs []error
 	mounts := []struct {
 		src, dst, fstype string
@@ -39,6 +39,7 @@ func initSystem(params map[string]string, log *slog.Logger) error {
 			errs = append(errs, fmt.Errorf("mounting %s on %s: %w", m.fstype, m.dst, err))
 		}
 	}
+	params := kernelParams()
 	if err := loadModules("/etc/nether/modules", log); err != nil {
 		errs = append(errs, err)
 	}
@@ -54,7 +55,7 @@ func initSystem(params map[string]string, log *slog.Logger) error {
 	}
 	os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
 	os.Setenv("HOME", "/root")
-	return errors.Join(errs...)
+	return params, errors.Join(errs...)
 }
 
 // loadModules loads the kernel modules the image builder listed, in the

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/channel"
 )
@@ -19,12 +21,18 @@ const portName = "nether.channel"
 
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	params := kernelParams()
+	startMS := uptimeMS()
+	var params map[string]string
 	if os.Getpid() == 1 {
-		if err := initSystem(params, log); err != nil {
+		// /proc/cmdline exists only once initSystem has mounted /proc.
+		var err error
+		if params, err = initSystem(log); err != nil {
 			log.Error("agent: preparing the guest failed", "err", err)
 		}
+	} else {
+		params = kernelParams()
 	}
+	modulesMS := uptimeMS()
 	r := newReaper()
 	go r.run()
 
@@ -49,7 +57,10 @@ func main() {
 	mux.Attach(port, true)
 
 	a := &agent{log: log, reaper: r, mux: mux}
-	if hello, err := mux.Open(agentproto.Request{Op: agentproto.OpHello, Version: agentproto.Version, Boot: bootID()}.Encode()); err == nil {
+	if hello, err := mux.Open(agentproto.Request{
+		Op: agentproto.OpHello, Version: agentproto.Version, Boot: bootID(),
+		StartMS: startMS, ModulesMS: modulesMS, HelloMS: uptimeMS(),
+	}.Encode()); err == nil {
 		hello.CloseWrite(nil)
 	}
 	for {
@@ -75,4 +86,13 @@ func kernelParams() map[string]string {
 func bootID() string {
 	b, _ := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	return strings.TrimSpace(string(b))
+}
+
+// uptimeMS is the guest's CLOCK_BOOTTIME in milliseconds.
+func uptimeMS() int64 {
+	var ts unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts) != nil {
+		return 0
+	}
+	return ts.Nano() / 1e6
 }

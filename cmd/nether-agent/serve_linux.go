@@ -217,19 +217,20 @@ func unwrapPathError(err error) error {
 	return err
 }
 
-// runConsoleShell runs an interactive shell on the serial console.
+// runConsoleShell runs an interactive shell on the serial console. busybox
+// setsid -c makes the console the shell's controlling terminal, so job
+// control and ^C work as at any login prompt.
 func runConsoleShell(r *reaper, log *slog.Logger) {
-	tty, err := os.OpenFile("/dev/ttyS0", os.O_RDWR, 0)
+	tty, err := os.OpenFile("/dev/ttyS0", os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
 		log.Error("agent: console shell", "err", err)
 		return
 	}
 	defer tty.Close()
-	_, done, err := r.start("/bin/sh", []string{"-sh"}, &os.ProcAttr{
+	_, done, err := r.start("/bin/busybox", []string{"setsid", "-c", "/bin/sh", "-l"}, &os.ProcAttr{
 		Dir:   "/root",
 		Env:   append(shellEnv[:len(shellEnv):len(shellEnv)], "PS1=sandbox# "),
 		Files: []*os.File{tty, tty, tty},
-		Sys:   &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0},
 	})
 	if err != nil {
 		log.Error("agent: console shell", "err", err)

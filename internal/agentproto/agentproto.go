@@ -35,6 +35,11 @@ type Request struct {
 	Path    string `json:"path,omitempty"`    // put, get
 	Mode    uint32 `json:"mode,omitempty"`    // put: permission bits
 	Boot    string `json:"boot,omitempty"`    // hello: the guest's boot id
+	// hello: guest uptime in ms when the agent started, when its modules
+	// were loaded and when it said hello, so boot time can be attributed.
+	StartMS   int64 `json:"start_ms,omitempty"`
+	ModulesMS int64 `json:"modules_ms,omitempty"`
+	HelloMS   int64 `json:"hello_ms,omitempty"`
 }
 
 // Encode returns the request as stream metadata.

@@ -209,6 +209,15 @@ func (s *Server) admit(conn *net.UnixConn) {
 	}
 	c := newClient(s, conn)
 	s.clients[c] = struct{}{}
+	if s.primary != nil && s.primary.peerClosed() {
+		// The primary hung up before this client connected; we just have
+		// not read its end-of-file yet. The newcomer is the next client,
+		// so it takes the slot, as a client that connects right after
+		// another one quits expects.
+		old := s.primary
+		s.primary = nil
+		go old.drop("disconnected")
+	}
 	if s.primary == nil {
 		s.primary = c
 		c.primary = true
@@ -245,6 +254,23 @@ func peerUID(conn *net.UnixConn) (int, error) {
 		return -1, cerr
 	}
 	return int(cred.Uid), nil
+}
+
+// peerClosed reports whether the client has closed its end with nothing
+// left unread: a zero-byte peek. A client that sent a command and then
+// closed still counts as connected until that command has been read.
+func (c *client) peerClosed() bool {
+	raw, err := c.conn.SyscallConn()
+	if err != nil {
+		return true
+	}
+	closed := false
+	raw.Control(func(fd uintptr) {
+		var b [1]byte
+		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		closed = n == 0 && err == nil
+	})
+	return closed
 }
 
 // client is one connection.

@@ -19,8 +19,13 @@ import (
 // none is built in. virtio-serial on pc/q35 needs virtio_pci (transport, it
 // pulls virtio_pci_modern_dev/virtio_pci_legacy_dev, virtio, virtio_ring) and
 // virtio_console (the serial ports); nothing else: the PCI(e) host bridge and
-// port drivers are built in. virtio_net pulls failover and net_failover.
-var DefaultModules = []string{"virtio_pci", "virtio_console", "virtio_rng", "virtio_net"}
+// port drivers are built in.
+//
+// Every module costs boot time under TCG (loading, then probing through
+// ACPI), so the list holds only what a device of ours needs. Entropy comes
+// from RDRAND (QEMU's TCG CPU feeds it from the host's getrandom), not from
+// virtio-rng; virtio_net joins when the guest gets a network.
+var DefaultModules = []string{"virtio_pci", "virtio_console"}
 
 // ModuleIndex is what the kernel's depmod metadata says about its modules.
 type ModuleIndex struct {

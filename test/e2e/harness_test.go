@@ -116,7 +116,13 @@ func (s *syncBuffer) String() string {
 func start(t *testing.T, extraConf ...string) *sandbox {
 	t.Helper()
 	needGuest(t)
-	dir := t.TempDir()
+	return startIn(t, t.TempDir(), extraConf...)
+}
+
+// startIn is start in a launch directory the test prepared.
+func startIn(t *testing.T, dir string, extraConf ...string) *sandbox {
+	t.Helper()
+	needGuest(t)
 	sb := &sandbox{t: t, dir: dir, sock: filepath.Join(dir, "ctl.sock"),
 		stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
 	conf := "control_socket = " + sb.sock + "\n" + strings.Join(extraConf, "\n") + "\n"
@@ -150,10 +156,11 @@ func start(t *testing.T, extraConf ...string) *sandbox {
 			}
 		}
 	})
-	// The socket exists before the guest boots.
+	// The socket serves before the guest boots. (Not a stat of the path:
+	// a test may have planted a stale socket file there.)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		if _, err := os.Stat(sb.sock); err == nil {
+		if strings.Contains(sb.stderr.String(), "control socket ready") {
 			break
 		}
 		select {
@@ -264,7 +271,7 @@ func (sb *sandbox) finalLine() string {
 }
 
 var (
-	pidRE = regexp.MustCompile(`guest booting .* pid=(\d+) run_dir=(\S+) mem_dir=(\S+)`)
+	pidRE = regexp.MustCompile(`guest booting.* pid=(\d+) run_dir=(\S+) mem_dir=(\S+)`)
 )
 
 // checkNoLeftovers fails the test if nether left its QEMU process, its

@@ -165,8 +165,6 @@ func commandLine(spec engine.Spec, socks map[string]string, memFile string) []st
 		// No option ROMs: firmware probing them is pure boot latency.
 		"-device", "virtio-serial-pci,id=vser,romfile=",
 		"-device", "virtserialport,bus=vser.0,chardev=chan,name=" + ChannelPortName,
-		// Host entropy for the guest CRNG from the first moments of boot.
-		"-device", "virtio-rng-pci,romfile=",
 		// VM generation id: a restore gets a fresh one so the guest
 		// reseeds its CRNG.
 		"-device", "vmgenid,guid=" + newGUID(),

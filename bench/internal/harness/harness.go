@@ -1,0 +1,136 @@
+// Package harness starts nether processes for the benchmarks and reports
+// figures. Benchmarks print; they never assert: these machines are noisy,
+// so every figure is set against a baseline measured in the same run.
+package harness
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"time"
+
+	"github.com/nethersandbox/nether/client"
+)
+
+// Repo finds the repository root from the working directory.
+func Repo() string {
+	d, _ := os.Getwd()
+	for {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+		p := filepath.Dir(d)
+		if p == d {
+			fmt.Fprintln(os.Stderr, "bench: run from inside the repository")
+			os.Exit(2)
+		}
+		d = p
+	}
+}
+
+// Sandbox is a running nether.
+type Sandbox struct {
+	Dir    string
+	Sock   string
+	Cmd    *exec.Cmd
+	Start  time.Time
+	Stdout *os.File
+}
+
+// Start launches bin/nether in a fresh launch directory.
+func Start(repo string, conf string) (*Sandbox, error) {
+	dir, err := os.MkdirTemp("", "nether-bench-")
+	if err != nil {
+		return nil, err
+	}
+	sb := &Sandbox{Dir: dir, Sock: filepath.Join(dir, "ctl.sock")}
+	if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte("control_socket = "+sb.Sock+"\n"+conf), 0o600); err != nil {
+		return nil, err
+	}
+	out, err := os.Create(filepath.Join(dir, "stdout.txt"))
+	if err != nil {
+		return nil, err
+	}
+	sb.Stdout = out
+	sb.Cmd = exec.Command(filepath.Join(repo, "bin", "nether"), "-log-level", "warn")
+	sb.Cmd.Dir = dir
+	sb.Cmd.Stdout, sb.Cmd.Stderr = out, out
+	sb.Start = time.Now()
+	if err := sb.Cmd.Start(); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// Dial connects as soon as the socket accepts, retrying until timeout.
+func (sb *Sandbox) Dial(timeout time.Duration) (*client.Client, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		c, err := client.Dial(ctx, sb.Sock)
+		cancel()
+		if err == nil {
+			return c, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("connecting to %s: %w", sb.Sock, err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Stop shuts the sandbox down and removes its directory.
+func (sb *Sandbox) Stop() {
+	sb.Cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { sb.Cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		sb.Cmd.Process.Kill()
+		<-done
+	}
+	sb.Stdout.Close()
+	os.RemoveAll(sb.Dir)
+}
+
+// Run runs one command and fails on a non-zero exit.
+func Run(c *client.Client, line string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	exit, err := c.Run(ctx, line, nil)
+	if err != nil {
+		return err
+	}
+	if exit != 0 {
+		return fmt.Errorf("%q exited %d", line, exit)
+	}
+	return nil
+}
+
+// Percentile of sorted durations (nearest rank).
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(p/100*float64(len(sorted)))) - 1
+	if i < 0 {
+		i = 0
+	}
+	return sorted[i]
+}
+
+// Sorted returns a sorted copy.
+func Sorted(d []time.Duration) []time.Duration {
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s
+}
+
+// MS formats a duration in milliseconds.
+func MS(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/1e6) }
