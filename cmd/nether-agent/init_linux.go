@@ -50,7 +50,7 @@ func initSystem(log *slog.Logger) (map[string]string, error) {
 	if host == "" {
 		host = "sandbox"
 	}
-	if err := unix.Sethostname([]byte(host)); err != nil {
+	if err := setHostname(host); err != nil {
 		errs = append(errs, fmt.Errorf("setting hostname: %w", err))
 	}
 	os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
@@ -148,4 +148,12 @@ func powerOff(log *slog.Logger) {
 		log.Error("agent: power off failed", "err", err)
 	}
 	select {}
+}
+
+// setHostname sets the kernel's hostname and /etc/hostname to match.
+func setHostname(name string) error {
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		return err
+	}
+	return os.WriteFile("/etc/hostname", []byte(name+"\n"), 0o644)
 }

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,6 +21,7 @@ type agent struct {
 	log    *slog.Logger
 	reaper *reaper
 	mux    *channel.Mux
+	epoch  atomic.Uint64 // session epoch; bumped by each restore handshake
 }
 
 // shellEnv is the environment of every command. Commands start from a
@@ -45,6 +48,8 @@ func (a *agent) serve(s *channel.Stream) {
 		a.put(s, req)
 	case agentproto.OpGet:
 		a.get(s, req)
+	case agentproto.OpRestored:
+		a.restored(s, req)
 	case agentproto.OpPoweroff:
 		s.CloseWrite([]byte("ok 0"))
 		// Give the acknowledgement a moment to leave before the power goes.
@@ -112,6 +117,29 @@ func (a *agent) exec(s *channel.Stream, command string) {
 	<-copied
 	pr.Close()
 	s.CloseWrite([]byte(strconv.Itoa(exitCode(ws))))
+}
+
+// restored is the post-restore handshake: the one place the guest learns
+// it is a new session. A fork takes a fresh hostname and machine-id; the
+// kernel has already reseeded its CRNG from the new vmgenid generation.
+func (a *agent) restored(s *channel.Stream, req agentproto.Request) {
+	var errs []string
+	if req.Hostname != "" {
+		if err := setHostname(req.Hostname); err != nil {
+			errs = append(errs, "hostname: "+err.Error())
+		}
+	}
+	if req.MachineID != "" {
+		if err := os.WriteFile("/etc/machine-id", []byte(req.MachineID+"\n"), 0o444); err != nil {
+			errs = append(errs, "machine-id: "+err.Error())
+		}
+	}
+	a.epoch.Store(req.Epoch)
+	if len(errs) > 0 {
+		s.Reset("restore handshake: " + strings.Join(errs, "; "))
+		return
+	}
+	s.CloseWrite([]byte(fmt.Sprintf("ok %d", req.Epoch)))
 }
 
 // guestPath resolves a transfer path: relative paths are relative to /root,

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 
 	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/sandbox"
 )
 
@@ -42,8 +44,20 @@ nether.conf keys (key = value, # comments):
   accel             auto|kvm|tcg (default auto: KVM only on a CPU with vmx/svm)
   kernel, image     guest kernel and initramfs (default: what setup built)
 
-Exit status: 0 after a clean stop (shutdown, guest power-off, SIGTERM),
-1 when the engine failed, 2 for a bad configuration.
+Snapshots (control mode): __snapshot__ [path] captures a base into the
+launch directory and keeps running; __park__ [path] captures a one-shot
+park and exits. A new nether restores either from its own directory:
+  restore = 1
+  restore_from = /absolute/path/of/the/artifact
+  control_socket = ...
+  snapshot_allow_dirty, park_dirty  capture even when not quiescent (0)
+  fork_reseed       new vmgenid generation per restore, so the guest
+                    reseeds its CRNG (default 1)
+validate_snapshot = <path> checks an artifact without booting and exits:
+0 with a one-line summary (kind=base or kind=park), 1 with the problem.
+
+Exit status: 0 after a clean stop (shutdown, guest power-off, SIGTERM,
+park), 1 when the engine or a restore failed, 2 for a bad configuration.
 
 Environment: NETHER_GUEST_DIR overrides where the default guest image is
 looked up (default: ../build/guest next to the nether binary).
@@ -74,13 +88,8 @@ func main() {
 		fmt.Fprintf(os.Stderr, "nether: %v\n", err)
 		os.Exit(2)
 	}
-	if cfg.Restore || cfg.ValidateSnapshot != "" {
-		key := "restore"
-		if cfg.ValidateSnapshot != "" {
-			key = "validate_snapshot"
-		}
-		fmt.Fprintf(os.Stderr, "nether: %s: snapshot restore and validation are not available in this build yet\n", key)
-		os.Exit(2)
+	if cfg.ValidateSnapshot != "" {
+		os.Exit(validate(cfg))
 	}
 	for _, l := range cfg.Report() {
 		log.Debug("config", "setting", l)
@@ -92,6 +101,30 @@ func main() {
 		Stdin:    os.Stdin,
 		GuestDir: guestDir(),
 	}))
+}
+
+// validate checks an artifact against this build and configuration
+// without booting anything: exit 0 and a one-line summary, or exit 1 and
+// the first problem found.
+func validate(cfg *conf.Config) int {
+	accel, _, err := engine.ResolveAccel(engine.Accel(cfg.Accel), engine.ReadHostFacts())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "nether: %v\n", err)
+		return 1
+	}
+	kernel, image := sandbox.GuestFiles(cfg, guestDir())
+	fp, err := sandbox.HostFingerprint(cfg.CPUs, cfg.RAMMB, accel, kernel, image, guestDir())
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "nether: validate_snapshot: %v\n", err)
+		return 1
+	}
+	summary, err := sandbox.Validate(context.Background(), cfg.ValidateSnapshot, fp)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "nether: validate_snapshot: %v\n", err)
+		return 1
+	}
+	fmt.Println(summary)
+	return 0
 }
 
 func guestDir() string {

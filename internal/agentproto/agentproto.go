@@ -25,6 +25,10 @@ const (
 	OpPut      = "put"      // host -> agent: file bytes follow; status carries the length
 	OpGet      = "get"      // host -> agent: send a file's bytes back
 	OpPoweroff = "poweroff" // host -> agent: sync and power the guest off
+	// OpRestored is the post-restore handshake, host -> agent, before any
+	// driving command: the guest learns it was restored, which session
+	// epoch it now serves, and (for a fork) its new identity.
+	OpRestored = "restored"
 )
 
 // Request is the metadata of every stream.
@@ -40,6 +44,11 @@ type Request struct {
 	StartMS   int64 `json:"start_ms,omitempty"`
 	ModulesMS int64 `json:"modules_ms,omitempty"`
 	HelloMS   int64 `json:"hello_ms,omitempty"`
+	// restored:
+	Epoch     uint64 `json:"epoch,omitempty"`
+	Fork      bool   `json:"fork,omitempty"`
+	Hostname  string `json:"hostname,omitempty"`
+	MachineID string `json:"machine_id,omitempty"`
 }
 
 // Encode returns the request as stream metadata.
@@ -55,7 +64,7 @@ func Decode(b []byte) (Request, error) {
 		return r, fmt.Errorf("decoding agent request: %w", err)
 	}
 	switch r.Op {
-	case OpHello, OpExec, OpPut, OpGet, OpPoweroff:
+	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored:
 	default:
 		return r, fmt.Errorf("unknown agent operation %q", r.Op)
 	}

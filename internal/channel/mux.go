@@ -51,6 +51,7 @@ type Mux struct {
 	down      bool      // persistent transport failed a write; resend on next frame
 	frozen    bool
 	closed    bool
+	halted    bool // closed by Halt: even buffered bytes are no longer delivered
 
 	// counters for meters and logs
 	bytesIn, bytesOut uint64
@@ -279,8 +280,10 @@ func (m *Mux) writeLoop() {
 	}
 }
 
-// Freeze stops the Mux from writing, so its state can be captured while
-// the peer is stopped. Thaw undoes it.
+// Freeze stops the Mux from writing to the transport and from delivering
+// bytes to local readers, so its state can be captured while the peer is
+// stopped. Frames still arrive and are acknowledged into the state.
+// Thaw undoes it.
 func (m *Mux) Freeze() {
 	m.mu.Lock()
 	m.frozen = true

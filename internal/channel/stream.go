@@ -52,8 +52,14 @@ func (s *Stream) ReadContext(ctx context.Context, p []byte) (int, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for len(s.unread) == 0 && !s.remoteClosed && !s.reset && !m.closed && ctx.Err() == nil {
+	// While frozen nothing is delivered: a capture in progress must not
+	// hand a reader bytes the captured state still holds.
+	for (m.frozen && !m.closed && ctx.Err() == nil) ||
+		(len(s.unread) == 0 && !s.remoteClosed && !s.reset && !m.closed && ctx.Err() == nil) {
 		m.cond.Wait()
+	}
+	if m.halted {
+		return 0, ErrClosed
 	}
 	if len(s.unread) > 0 && len(p) > 0 {
 		n := copy(p, s.unread)

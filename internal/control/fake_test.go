@@ -79,6 +79,8 @@ type fakeBackend struct {
 
 	waitCalls  atomic.Int32
 	shutdowns  atomic.Int32
+	parks      atomic.Int32
+	captures   []string
 	putCalls   atomic.Int32
 	getCalls   atomic.Int32
 	execSignal chan string // optional: receives every command Exec starts
@@ -152,6 +154,30 @@ func (f *fakeBackend) Info() string {
 }
 
 func (f *fakeBackend) Shutdown() { f.shutdowns.Add(1) }
+
+// Snapshot and Park succeed unless the path is "fail"; they record the
+// paths they were given.
+func (f *fakeBackend) Snapshot(ctx context.Context, path string) (string, error) {
+	f.mu.Lock()
+	f.captures = append(f.captures, "snapshot "+path)
+	f.mu.Unlock()
+	if path == "fail" {
+		return "", errors.New("guest not quiescent: 1 streams open")
+	}
+	return "OK snapshot " + path + " kind=base pause_ms=1", nil
+}
+
+func (f *fakeBackend) Park(ctx context.Context, path string) (string, error) {
+	f.mu.Lock()
+	f.captures = append(f.captures, "park "+path)
+	f.mu.Unlock()
+	if path == "fail" {
+		return "", errors.New("disk full")
+	}
+	return "OK parked " + path, nil
+}
+
+func (f *fakeBackend) FinishPark() { f.parks.Add(1) }
 
 func (f *fakeBackend) execCount() int {
 	f.mu.Lock()

@@ -58,6 +58,13 @@ type Backend interface {
 	Info() string
 	// Shutdown begins a clean teardown; it returns at once.
 	Shutdown()
+	// Snapshot captures a base into the transfer jail ("" = default path)
+	// and returns the OK line.
+	Snapshot(ctx context.Context, path string) (string, error)
+	// Park captures a one-shot park and returns the OK line; after the
+	// reply is written the server calls FinishPark, which ends the process.
+	Park(ctx context.Context, path string) (string, error)
+	FinishPark()
 }
 
 // Server is the control socket server.
@@ -408,7 +415,7 @@ func (c *client) dispatch(cmd cmdline.Command) {
 		return
 	}
 	switch cmd.Name {
-	case "", "__put__", "__get__", "__shutdown__":
+	case "", "__put__", "__get__", "__shutdown__", "__snapshot__", "__park__":
 		select {
 		case c.work <- cmd:
 		case <-c.done:
@@ -435,8 +442,39 @@ func (c *client) workLoop() {
 		case "__shutdown__":
 			c.reply("OK shutting down", 0)
 			c.s.backend.Shutdown()
+		case "__snapshot__", "__park__":
+			c.capture(cmd)
 		}
 	}
+}
+
+// capture runs __snapshot__ or __park__. The reply comes only when the
+// artifact is committed on disk.
+func (c *client) capture(cmd cmdline.Command) {
+	if !c.waitAgent() {
+		return
+	}
+	path := ""
+	if len(cmd.Args) > 0 {
+		path = cmd.Args[0]
+	}
+	name := strings.Trim(cmd.Name, "_")
+	if cmd.Name == "__park__" {
+		body, err := c.s.backend.Park(context.Background(), path)
+		if err != nil {
+			c.errReply("%s: %v", name, err)
+			return
+		}
+		c.reply(body, 0)
+		c.s.backend.FinishPark()
+		return
+	}
+	body, err := c.s.backend.Snapshot(context.Background(), path)
+	if err != nil {
+		c.errReply("%s: %v", name, err)
+		return
+	}
+	c.reply(body, 0)
 }
 
 // waitAgent applies the readiness rule: a driving command waits, bounded,

@@ -791,3 +791,32 @@ func TestBlankLines(t *testing.T) {
 		})
 	}
 }
+
+func TestCaptureCommands(t *testing.T) {
+	fb := newFake()
+	fb.up()
+	h := start(t, fb, 0, nil)
+	c := h.dial(t)
+	cases := []struct{ line, want string }{
+		{"__snapshot__", "OK snapshot  kind=base pause_ms=1\n\x1e0\n"},
+		{"__snapshot__ base.snap", "OK snapshot base.snap kind=base pause_ms=1\n\x1e0\n"},
+		{"__snapshot__ fail", "ERR snapshot: guest not quiescent: 1 streams open\n\x1e-1\n"},
+		{"__park__ fail", "ERR park: disk full\n\x1e-1\n"},
+		{"__park__ p1", "OK parked p1\n\x1e0\n"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.line, func(t *testing.T) {
+			if got := c.roundTrip(tc.line); got != tc.want {
+				t.Fatalf("got %q want %q", got, tc.want)
+			}
+		})
+	}
+	// FinishPark ran once, for the park that succeeded, after its reply.
+	if n := fb.parks.Load(); n != 1 {
+		t.Fatalf("FinishPark called %d times, want 1", n)
+	}
+	o := h.dial(t)
+	if got := o.roundTrip("__snapshot__ x"); !bytes.HasPrefix([]byte(got), []byte("ERR read-only observer")) {
+		t.Fatalf("observer snapshot: %q", got)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"time"
 )
 
@@ -22,6 +23,20 @@ type Spec struct {
 	// RunDir is a private (0700) directory the engine may use for its
 	// sockets and the guest RAM file; nether removes it at exit.
 	RunDir string
+	// VMGenID is the VM generation GUID; empty means a fresh random one.
+	VMGenID string
+	// Incoming, when set, starts the machine paused, waiting to load a
+	// captured state instead of booting.
+	Incoming *Incoming
+}
+
+// Incoming is a captured machine to restore.
+type Incoming struct {
+	// RAMFile, when set, is guest memory as a flat file, mapped
+	// copy-on-write; when empty the state stream carries the memory.
+	RAMFile string
+	// State is the engine's device-state stream.
+	State *os.File
 }
 
 // Machine is one running guest.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 
@@ -383,4 +384,30 @@ func (a *AtomicFile) Abort() error {
 		return fmt.Errorf("transfer jail: aborting %q: removing temporary file: %w", a.rel, err)
 	}
 	return nil
+}
+
+// OpenParent resolves the directory that would hold rel, with the same
+// rules as every other jail path, and returns it open with rel's last
+// component. Callers that build a directory tree in the jail (a snapshot
+// artifact) work relative to that descriptor, so nothing can be swapped
+// under them by path.
+func (j *Jail) OpenParent(rel string) (*os.File, string, error) {
+	dirs, base, err := split(rel)
+	if err != nil {
+		return nil, "", fmt.Errorf("transfer jail: %q: %w", rel, err)
+	}
+	root, unlock, err := j.rootFD()
+	if err != nil {
+		return nil, "", err
+	}
+	defer unlock()
+	parent := "."
+	if len(dirs) > 0 {
+		parent = strings.Join(dirs, "/")
+	}
+	dirfd, err := resolve(root, parent, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, "", fmt.Errorf("transfer jail: opening the directory of %q: %w", rel, err)
+	}
+	return os.NewFile(uintptr(dirfd), filepath.Join(j.path, parent)), base, nil
 }

@@ -379,3 +379,39 @@ func TestOpenNotDir(t *testing.T) {
 		t.Fatalf("Open(file) = %v", err)
 	}
 }
+
+func TestOpenParent(t *testing.T) {
+	dir := t.TempDir()
+	outside := t.TempDir()
+	os.Mkdir(filepath.Join(dir, "sub"), 0o700)
+	os.Symlink(outside, filepath.Join(dir, "link"))
+	j, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	for _, tc := range []struct {
+		rel, base string
+		ok        bool
+	}{
+		{"snap", "snap", true},
+		{"sub/snap", "snap", true},
+		{"../snap", "", false},
+		{"/abs/snap", "", false},
+		{"link/snap", "", false},
+		{"missing/snap", "", false},
+	} {
+		t.Run(tc.rel, func(t *testing.T) {
+			f, base, err := j.OpenParent(tc.rel)
+			if (err == nil) != tc.ok {
+				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
+			}
+			if err == nil {
+				f.Close()
+				if base != tc.base {
+					t.Fatalf("base %q", base)
+				}
+			}
+		})
+	}
+}

@@ -36,3 +36,5 @@ func (a *AtomicFile) Write(p []byte) (int, error)         { return 0, ErrUnsuppo
 func (a *AtomicFile) ReadFrom(r io.Reader) (int64, error) { return 0, ErrUnsupported }
 func (a *AtomicFile) Commit() error                       { return ErrUnsupported }
 func (a *AtomicFile) Abort() error                        { return nil }
+
+func (j *Jail) OpenParent(rel string) (*os.File, string, error) { return nil, "", ErrUnsupported }

@@ -25,6 +25,8 @@ import (
 	"github.com/nethersandbox/nether/internal/engine/qemu"
 	"github.com/nethersandbox/nether/internal/jail"
 	"github.com/nethersandbox/nether/internal/meter"
+	"github.com/nethersandbox/nether/internal/snapshot"
+	"github.com/oklog/ulid/v2"
 )
 
 // ConsoleLog is the file in the launch directory the serial console always
@@ -60,6 +62,24 @@ type Sandbox struct {
 	agentOnce sync.Once
 	stopCh    chan string // a stop request carrying its reason
 	stopOnce  sync.Once
+
+	kernel, image string
+	digests       *digests
+	identity      snapshot.Identity
+	captureMu     sync.Mutex // one capture at a time
+}
+
+// GuestFiles returns the kernel and image a configuration boots: its own
+// kernel=/image= or what setup built in guestDir.
+func GuestFiles(cfg *conf.Config, guestDir string) (kernel, image string) {
+	kernel, image = cfg.Kernel, cfg.Image
+	if kernel == "" {
+		kernel = filepath.Join(guestDir, "vmlinux")
+	}
+	if image == "" {
+		image = filepath.Join(guestDir, "initramfs.cpio")
+	}
+	return kernel, image
 }
 
 // Run runs a session to its end and returns the process exit code.
@@ -89,13 +109,9 @@ func (s *Sandbox) run() (reason string, err error) {
 	s.accel = accel
 	s.log.Info("accelerator chosen", "accel", accel, "why", why)
 
-	kernel, image := s.cfg.Kernel, s.cfg.Image
-	if kernel == "" {
-		kernel = filepath.Join(s.opt.GuestDir, "vmlinux")
-	}
-	if image == "" {
-		image = filepath.Join(s.opt.GuestDir, "initramfs.cpio")
-	}
+	s.kernel, s.image = GuestFiles(s.cfg, s.opt.GuestDir)
+	s.digests = newDigests(s.opt.GuestDir)
+	s.identity = snapshot.Identity{SandboxID: ulid.Make().String(), Hostname: "sandbox", TrustClass: "default"}
 
 	runDir, err := os.MkdirTemp("", "nether-run-")
 	if err != nil {
@@ -144,16 +160,30 @@ func (s *Sandbox) run() (reason string, err error) {
 		cmdline += " nether.console=1"
 	}
 	ctx := context.Background()
-	m, err := qemu.Start(ctx, engine.Spec{
+	spec := engine.Spec{
 		CPUs: s.cfg.CPUs, RAMMB: s.cfg.RAMMB, Accel: accel,
-		Kernel: kernel, Initrd: image, Cmdline: cmdline, RunDir: runDir,
-	}, qemu.Options{Log: s.log, MemDir: memDir})
-	if err != nil {
-		return meter.ReasonError, fmt.Errorf("booting the guest: %w", err)
+		Kernel: s.kernel, Initrd: s.image, Cmdline: cmdline, RunDir: runDir,
 	}
-	s.m = m
+	opt := qemu.Options{Log: s.log, MemDir: memDir}
+	var m *qemu.Machine
+	if s.cfg.Restore {
+		if consoleMode {
+			return meter.ReasonError, errors.New("restore=1 needs control_socket: a restored sandbox is driven over its control socket")
+		}
+		if m, err = s.restore(ctx, spec, opt); err != nil {
+			return meter.ReasonError, err
+		}
+	} else {
+		if m, err = qemu.Start(ctx, spec, opt); err != nil {
+			return meter.ReasonError, fmt.Errorf("booting the guest: %w", err)
+		}
+		s.m = m
+		s.mux = channel.New(channel.Host, s.log)
+		s.mux.Attach(m.ChannelConn(), false)
+	}
 	s.meter.SetUsage(m.Usage)
 	defer m.Quit(context.Background())
+	defer s.mux.Close()
 	info := m.Info()
 	s.log.Info("guest booting", "engine", info.Backend, "version", info.Version, "machine", info.Machine,
 		"pid", m.PID(), "run_dir", runDir, "mem_dir", memDir)
@@ -162,9 +192,6 @@ func (s *Sandbox) run() (reason string, err error) {
 	if err != nil {
 		return meter.ReasonError, err
 	}
-	s.mux = channel.New(channel.Host, s.log)
-	defer s.mux.Close()
-	s.mux.Attach(m.ChannelConn(), false)
 	go s.acceptGuestStreams()
 
 	select {
@@ -187,7 +214,12 @@ func (s *Sandbox) run() (reason string, err error) {
 	if s.ctl != nil {
 		s.ctl.Close()
 	}
-	s.powerOff(5 * time.Second)
+	if reason == meter.ReasonPark {
+		// The guest must never run again: its future is the park.
+		s.m.Quit(context.Background())
+	} else {
+		s.powerOff(5 * time.Second)
+	}
 	<-consoleDone
 	return reason, nil
 }

@@ -54,6 +54,11 @@ type Machine struct {
 	channel net.Conn
 	info    engine.Info
 	memFile string
+	// memShared: QEMU maps memFile shared (it is the guest's memory);
+	// false for a restore that maps an artifact privately.
+	memShared bool
+	vmgenid   string
+	incoming  *engine.Incoming
 
 	done    chan struct{}
 	waitErr error
@@ -101,17 +106,37 @@ func Start(ctx context.Context, spec engine.Spec, opt Options) (*Machine, error)
 		socks[name] = p
 	}
 	m := &Machine{
-		log:     opt.Log,
-		stderr:  &tailBuffer{max: 8 << 10},
-		done:    make(chan struct{}),
-		memFile: filepath.Join(opt.MemDir, "guest-ram"),
-		info:    engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
+		log:       opt.Log,
+		stderr:    &tailBuffer{max: 8 << 10},
+		done:      make(chan struct{}),
+		memFile:   filepath.Join(opt.MemDir, "guest-ram"),
+		memShared: true,
+		vmgenid:   spec.VMGenID,
+		incoming:  spec.Incoming,
+		info:      engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
 	}
-	args := commandLine(spec, socks, m.memFile)
+	if m.vmgenid == "" {
+		m.vmgenid = NewGUID()
+	}
+	ownMemFile := true
+	if in := spec.Incoming; in != nil {
+		// A restore maps memory privately. From an artifact's RAM file that
+		// is the point (copy-on-write, shared page cache). From a stream,
+		// QEMU refuses to load pages into a shared block while
+		// x-ignore-shared is on, and the stream requires it on.
+		m.memShared = false
+		if in.RAMFile != "" {
+			m.memFile, ownMemFile = in.RAMFile, false
+		}
+	}
+	args := commandLine(spec, socks, m.memFile, m.memShared, m.vmgenid)
 	m.log.Debug("starting QEMU", "args", strings.Join(args, " "))
 	m.cmd = exec.Command(bin, args...)
 	m.cmd.Stdout = m.stderr
 	m.cmd.Stderr = m.stderr
+	if spec.Incoming != nil {
+		m.cmd.ExtraFiles = []*os.File{spec.Incoming.State} // fd 3
+	}
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{
 		// QEMU must not outlive nether, even when nether is SIGKILLed.
 		Pdeathsig: syscall.SIGKILL,
@@ -124,7 +149,9 @@ func Start(ctx context.Context, spec engine.Spec, opt Options) (*Machine, error)
 	}
 	go func() {
 		m.waitErr = m.cmd.Wait()
-		os.Remove(m.memFile)
+		if ownMemFile {
+			os.Remove(m.memFile) // never the artifact's
+		}
 		close(m.done)
 	}()
 
@@ -146,8 +173,14 @@ func Start(ctx context.Context, spec engine.Spec, opt Options) (*Machine, error)
 	return m, nil
 }
 
-func commandLine(spec engine.Spec, socks map[string]string, memFile string) []string {
+func commandLine(spec engine.Spec, socks map[string]string, memFile string, shared bool, vmgenid string) []string {
 	ram := strconv.Itoa(spec.RAMMB) + "M"
+	share := "on"
+	if !shared {
+		// Copy-on-write: siblings share the artifact's pages in the page
+		// cache and nothing a guest writes ever reaches the artifact.
+		share = "off"
+	}
 	args := []string{
 		"-name", "nether,debug-threads=on",
 		"-machine", MachineType + ",memory-backend=ram0",
@@ -155,7 +188,7 @@ func commandLine(spec engine.Spec, socks map[string]string, memFile string) []st
 		"-m", ram,
 		// File-backed, shared guest RAM: a snapshot can take the file as
 		// the guest's memory instead of streaming it through QEMU.
-		"-object", "memory-backend-file,id=ram0,size=" + ram + ",mem-path=" + memFile + ",share=on",
+		"-object", "memory-backend-file,id=ram0,size=" + ram + ",mem-path=" + memFile + ",share=" + share,
 		"-nodefaults", "-no-user-config", "-display", "none",
 		"-chardev", "socket,id=qmp,path=" + socks["qmp"],
 		"-mon", "chardev=qmp,mode=control",
@@ -167,11 +200,14 @@ func commandLine(spec engine.Spec, socks map[string]string, memFile string) []st
 		"-device", "virtserialport,bus=vser.0,chardev=chan,name=" + ChannelPortName,
 		// VM generation id: a restore gets a fresh one so the guest
 		// reseeds its CRNG.
-		"-device", "vmgenid,guid=" + newGUID(),
+		"-device", "vmgenid,guid=" + vmgenid,
 		"-kernel", spec.Kernel,
 		"-initrd", spec.Initrd,
 		"-append", spec.Cmdline,
 		"-no-reboot",
+	}
+	if spec.Incoming != nil {
+		args = append(args, "-incoming", "defer")
 	}
 	switch spec.Accel {
 	case engine.AccelKVM:
@@ -182,7 +218,8 @@ func commandLine(spec engine.Spec, socks map[string]string, memFile string) []st
 	return args
 }
 
-func newGUID() string {
+// NewGUID returns a random (version 4) GUID for the vmgenid device.
+func NewGUID() string {
 	var b [16]byte
 	rand.Read(b[:])
 	b[6] = b[6]&0x0f | 0x40

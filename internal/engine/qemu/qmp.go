@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // qmp is a minimal QMP client: commands with ids, replies matched by id,
@@ -14,6 +17,7 @@ import (
 // more than the guest; we still bound what we read.
 type qmp struct {
 	conn    net.Conn
+	wmu     sync.Mutex // one command on the wire at a time
 	mu      sync.Mutex
 	nextID  int
 	pending map[string]chan qmpReply
@@ -95,6 +99,12 @@ func (q *qmp) readLoop(sc *bufio.Scanner) {
 
 // execute runs a QMP command and returns its "return" value.
 func (q *qmp) execute(ctx context.Context, cmd string, args any) (json.RawMessage, error) {
+	return q.executeFD(ctx, cmd, args, nil)
+}
+
+// executeFD runs a command with a file descriptor attached (SCM_RIGHTS),
+// as getfd expects: QEMU then owns a duplicate of f.
+func (q *qmp) executeFD(ctx context.Context, cmd string, args any, f *os.File) (json.RawMessage, error) {
 	q.mu.Lock()
 	q.nextID++
 	id := fmt.Sprintf("n%d", q.nextID)
@@ -109,7 +119,24 @@ func (q *qmp) execute(ctx context.Context, cmd string, args any) (json.RawMessag
 	if err != nil {
 		return nil, err
 	}
-	if _, err := q.conn.Write(append(b, '\n')); err != nil {
+	b = append(b, '\n')
+	if f != nil {
+		uc, ok := q.conn.(*net.UnixConn)
+		if !ok {
+			return nil, fmt.Errorf("QMP %s: passing a file needs a unix socket", cmd)
+		}
+		q.wmu.Lock()
+		_, _, err = uc.WriteMsgUnix(b, unix.UnixRights(int(f.Fd())), nil)
+		q.wmu.Unlock()
+	} else {
+		q.wmu.Lock()
+		_, err = q.conn.Write(b)
+		q.wmu.Unlock()
+	}
+	if err != nil {
+		q.mu.Lock()
+		delete(q.pending, id)
+		q.mu.Unlock()
 		return nil, fmt.Errorf("QMP %s: %w", cmd, err)
 	}
 	select {

@@ -1,0 +1,182 @@
+package qemu
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Pause stops the vCPUs. QEMU's stop is architecturally consistent: no
+// instruction is half done.
+func (m *Machine) Pause(ctx context.Context) error {
+	_, err := m.qmp.execute(ctx, "stop", nil)
+	return err
+}
+
+// Resume restarts the vCPUs.
+func (m *Machine) Resume(ctx context.Context) error {
+	_, err := m.qmp.execute(ctx, "cont", nil)
+	return err
+}
+
+// RAMFile is the file that holds guest memory, and whether QEMU maps it
+// shared (a fresh boot: the file is the memory) or private (a restore:
+// the file is the artifact the memory started from).
+func (m *Machine) RAMFile() (path string, shared bool) { return m.memFile, m.memShared }
+
+// VMGenID is the VM generation GUID the guest sees.
+func (m *Machine) VMGenID() string { return m.vmgenid }
+
+// migrationTuning makes a migration of a stopped VM as fast as the host
+// allows: QEMU's default bandwidth cap would dominate capture time.
+func (m *Machine) migrationTuning(ctx context.Context, ignoreShared bool) error {
+	if _, err := m.qmp.execute(ctx, "migrate-set-capabilities", map[string]any{
+		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}},
+	}); err != nil {
+		return err
+	}
+	_, err := m.qmp.execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40})
+	return err
+}
+
+// SaveState writes the machine's device state to f while the VM is
+// paused. Guest RAM that lives in a shared file is skipped (the caller
+// copies the file); RAM QEMU maps privately goes into the stream. The
+// stream records the capability, and a restore must set it the same way.
+func (m *Machine) SaveState(ctx context.Context, f *os.File) error {
+	if err := m.migrationTuning(ctx, true); err != nil {
+		return fmt.Errorf("preparing migration: %w", err)
+	}
+	if _, err := m.qmp.executeFD(ctx, "getfd", map[string]any{"fdname": "snapstate"}, f); err != nil {
+		return fmt.Errorf("handing QEMU the state file: %w", err)
+	}
+	if _, err := m.qmp.execute(ctx, "migrate", map[string]any{"uri": "fd:snapstate"}); err != nil {
+		return fmt.Errorf("starting migration: %w", err)
+	}
+	return m.waitMigration(ctx)
+}
+
+// CompleteIncoming loads the device state of a machine started with an
+// incoming state file, leaving it paused.
+func (m *Machine) CompleteIncoming(ctx context.Context) error {
+	if m.incoming == nil {
+		return errors.New("machine was not started for an incoming state")
+	}
+	if err := m.migrationTuning(ctx, true); err != nil {
+		return fmt.Errorf("preparing incoming migration: %w", err)
+	}
+	// The state file is fd 3 in QEMU: the first of ExtraFiles.
+	if _, err := m.qmp.execute(ctx, "migrate-incoming", map[string]any{"uri": "fd:3"}); err != nil {
+		return fmt.Errorf("loading device state: %w", err)
+	}
+	return m.waitMigration(ctx)
+}
+
+func (m *Machine) waitMigration(ctx context.Context) error {
+	delay := 500 * time.Microsecond
+	for {
+		raw, err := m.qmp.execute(ctx, "query-migrate", nil)
+		if err != nil {
+			select {
+			case <-m.done:
+				return m.exitError("QEMU exited during migration")
+			case <-time.After(time.Second):
+			}
+			return err
+		}
+		var st struct {
+			Status    string `json:"status"`
+			ErrorDesc string `json:"error-desc"`
+		}
+		json.Unmarshal(raw, &st)
+		switch st.Status {
+		case "completed":
+			return nil
+		case "failed", "cancelled":
+			msg := st.ErrorDesc
+			if msg == "" {
+				msg = st.Status
+			}
+			return fmt.Errorf("migration %s", msg)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-m.done:
+			return m.exitError("QEMU exited during migration")
+		case <-time.After(delay):
+		}
+		if delay < 5*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// CopySparse copies src to dst leaving holes where src has holes or whole
+// zero pages, so a 512 MiB guest that touched 100 MiB costs 100 MiB.
+func CopySparse(dst, src *os.File) (int64, error) {
+	fi, err := src.Stat()
+	if err != nil {
+		return 0, err
+	}
+	size := fi.Size()
+	if err := dst.Truncate(size); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 4<<20)
+	const page = 4096
+	var copied int64
+	off := int64(0)
+	for off < size {
+		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole remains
+		}
+		if err != nil {
+			return copied, fmt.Errorf("finding data in %s: %w", src.Name(), err)
+		}
+		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
+		if err != nil {
+			return copied, fmt.Errorf("finding holes in %s: %w", src.Name(), err)
+		}
+		for pos := data; pos < hole; {
+			n := min(int64(len(buf)), hole-pos)
+			if _, err := src.ReadAt(buf[:n], pos); err != nil && err != io.EOF {
+				return copied, fmt.Errorf("reading %s: %w", src.Name(), err)
+			}
+			// Write runs of non-zero pages; skip zero pages to keep holes.
+			for p := int64(0); p < n; {
+				if isZero(buf[p:min(p+page, n)]) {
+					p += page
+					continue
+				}
+				q := p + page
+				for q < n && !isZero(buf[q:min(q+page, n)]) {
+					q += page
+				}
+				q = min(q, n)
+				if _, err := dst.WriteAt(buf[p:q], pos+p); err != nil {
+					return copied, fmt.Errorf("writing %s: %w", dst.Name(), err)
+				}
+				copied += q - p
+				p = q
+			}
+			pos += n
+		}
+		off = hole
+	}
+	return copied, nil
+}
+
+var zeroPage [4096]byte
+
+// isZero compares against a zero page: bytes.Equal is vectorised, a loop
+// over bytes is not.
+func isZero(b []byte) bool { return bytes.Equal(b, zeroPage[:len(b)]) }
