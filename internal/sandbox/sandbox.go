@@ -69,6 +69,20 @@ type Sandbox struct {
 	captureMu     sync.Mutex // one capture at a time
 }
 
+// KernelCmdline is the guest kernel's command line. A restore passes the
+// same one: QEMU's firmware tables must match the captured machine.
+//
+// quiet: every console byte is an emulated port write under TCG; no
+// crypto self-tests, no PS/2 probing, no audit or AppArmor (nothing in the
+// guest uses them): each shaves boot time.
+func KernelCmdline(consoleMode bool) string {
+	c := "console=ttyS0 quiet panic=-1 nether.hostname=sandbox cryptomgr.notests i8042.noaux i8042.nokbd audit=0 apparmor=0 no_timer_check"
+	if consoleMode {
+		c += " nether.console=1"
+	}
+	return c
+}
+
 // GuestFiles returns the kernel and image a configuration boots: its own
 // kernel=/image= or what setup built in guestDir.
 func GuestFiles(cfg *conf.Config, guestDir string) (kernel, image string) {
@@ -152,13 +166,7 @@ func (s *Sandbox) run() (reason string, err error) {
 		s.log.Info("control socket ready", "path", s.cfg.ControlSocket)
 	}
 
-	// Kernel arguments: quiet (every console byte is an emulated port write
-	// under TCG), no crypto self-tests, no PS/2 probing, no audit or
-	// AppArmor (nothing in the guest uses them): each shaves boot time.
-	cmdline := "console=ttyS0 quiet panic=-1 nether.hostname=sandbox cryptomgr.notests i8042.noaux i8042.nokbd audit=0 apparmor=0 no_timer_check"
-	if consoleMode {
-		cmdline += " nether.console=1"
-	}
+	cmdline := KernelCmdline(consoleMode)
 	ctx := context.Background()
 	spec := engine.Spec{
 		CPUs: s.cfg.CPUs, RAMMB: s.cfg.RAMMB, Accel: accel,
@@ -210,10 +218,14 @@ func (s *Sandbox) run() (reason string, err error) {
 	case reason = <-s.stopCh:
 	}
 	// An orderly stop: close the control socket first so nobody starts new
-	// work, then ask the guest to power off, then make sure it is gone.
+	// work, let a capture in progress commit or clean up after itself (a
+	// SIGTERM must not leave half an artifact), then ask the guest to
+	// power off, then make sure it is gone.
 	if s.ctl != nil {
 		s.ctl.Close()
 	}
+	s.captureMu.Lock()
+	defer s.captureMu.Unlock()
 	if reason == meter.ReasonPark {
 		// The guest must never run again: its future is the park.
 		s.m.Quit(context.Background())
@@ -229,9 +241,11 @@ func (s *Sandbox) run() (reason string, err error) {
 func (s *Sandbox) powerOff(wait time.Duration) {
 	select {
 	case <-s.agentUp:
-		if st, err := s.mux.Open(agentproto.Request{Op: agentproto.OpPoweroff}.Encode()); err == nil {
-			st.CloseWrite(nil)
+		st, err := s.mux.Open(agentproto.Request{Op: agentproto.OpPoweroff}.Encode())
+		if err != nil {
+			break // the channel is gone (a park halted it): stop the engine
 		}
+		st.CloseWrite(nil)
 		select {
 		case <-s.m.Done():
 			return

@@ -10,7 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,7 +60,7 @@ func Start(repo string, conf string) (*Sandbox, error) {
 		return nil, err
 	}
 	sb.Stdout = out
-	sb.Cmd = exec.Command(filepath.Join(repo, "bin", "nether"), "-log-level", "warn")
+	sb.Cmd = exec.Command(filepath.Join(repo, "bin", "nether"), "-log-level", "info")
 	sb.Cmd.Dir = dir
 	sb.Cmd.Stdout, sb.Cmd.Stderr = out, out
 	sb.Start = time.Now()
@@ -134,3 +137,61 @@ func Sorted(d []time.Duration) []time.Duration {
 
 // MS formats a duration in milliseconds.
 func MS(d time.Duration) string { return fmt.Sprintf("%.0f ms", float64(d)/1e6) }
+
+// Exec runs a command and returns its body.
+func Exec(c *client.Client, line string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var b strings.Builder
+	exit, err := c.Run(ctx, line, &b)
+	if err != nil {
+		return b.String(), err
+	}
+	if exit != 0 {
+		return b.String(), fmt.Errorf("%q exited %d: %s", line, exit, b.String())
+	}
+	return b.String(), nil
+}
+
+// Wait waits for the sandbox process to exit by itself.
+func (sb *Sandbox) Wait(timeout time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- sb.Cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(timeout):
+		sb.Cmd.Process.Kill()
+		return fmt.Errorf("nether did not exit within %s", timeout)
+	}
+}
+
+// QEMUPid reads the QEMU pid nether logged.
+func (sb *Sandbox) QEMUPid() int {
+	b, _ := os.ReadFile(filepath.Join(sb.Dir, "stdout.txt"))
+	m := regexp.MustCompile(`guest booting.* pid=(\d+)`).FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(string(m[1]))
+	return pid
+}
+
+// PSS is a process's proportional set size in bytes: shared pages count
+// for a share of each process mapping them, so a sum over processes is
+// the memory they really cost the host.
+func PSS(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return 0
+	}
+	m := regexp.MustCompile(`(?m)^Pss:\s+(\d+) kB`).FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	kb, _ := strconv.ParseInt(string(m[1]), 10, 64)
+	return kb << 10
+}
+
+// MiB formats bytes.
+func MiB(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }

@@ -1,0 +1,264 @@
+// Command fork measures snapshot, fork and park against baselines taken
+// in the same run:
+//
+//   - fork (process start -> first command answered), p50/p95 over -n
+//     forks, against QEMU's own restore of the same artifact (start,
+//     -incoming with x-ignore-shared, cont) and against a cold boot;
+//   - -fanout concurrent forks of one base: time until all answer, and the
+//     host memory (sum of PSS) of the idle forks against the same number of
+//     restores that load guest memory from the state stream (copies);
+//   - the pause of __snapshot__ for a 512 MiB guest with ~100 MiB written;
+//   - park -> wake -> first command.
+//
+//	go run ./bench/fork [-n 20] [-fanout 16]
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nethersandbox/nether/bench/internal/harness"
+	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/engine/qemu"
+	"github.com/nethersandbox/nether/internal/sandbox"
+)
+
+var pauseRE = regexp.MustCompile(`pause_ms=(\d+)`)
+
+func main() {
+	n := flag.Int("n", 20, "sequential forks (and QEMU restores) to time")
+	fanout := flag.Int("fanout", 16, "concurrent forks")
+	snaps := flag.Int("snapshots", 5, "__snapshot__ pauses to time")
+	fillMiB := flag.Int("fill", 100, "MiB the base guest writes before its snapshot")
+	flag.Parse()
+	repo := harness.Repo()
+
+	// The base: a cold boot (timed: the cold-boot baseline), warmed with
+	// written memory, then captured.
+	base, err := harness.Start(repo, "ram_mb = 512\n")
+	check(err)
+	defer base.Stop()
+	c, err := base.Dial(30 * time.Second)
+	check(err)
+	check(harness.Run(c, "true"))
+	cold := time.Since(base.Start)
+	check(harness.Run(c, fmt.Sprintf("yes nether-benchmark-fill | head -c %d > /tmp/fill", *fillMiB<<20)))
+	var pauses []time.Duration
+	for i := 0; i < *snaps; i++ {
+		body, err := harness.Exec(c, fmt.Sprintf("__snapshot__ snap%d", i))
+		check(err)
+		m := pauseRE.FindStringSubmatch(body)
+		ms, _ := strconv.Atoi(m[1])
+		pauses = append(pauses, time.Duration(ms)*time.Millisecond)
+	}
+	art := filepath.Join(base.Dir, "snap0")
+	fmt.Printf("__snapshot__ of a 512 MiB guest with %d MiB written, %d captures:\n", *fillMiB, *snaps)
+	ps := harness.Sorted(pauses)
+	fmt.Printf("  pause p50 %s, max %s (target <= 150 ms)\n\n", harness.MS(harness.Percentile(ps, 50)), harness.MS(ps[len(ps)-1]))
+
+	// QEMU's own restore of the same artifact, and our forks, interleaved
+	// so drift on a noisy machine hits both alike.
+	var qemuTimes, forkTimes []time.Duration
+	for i := 0; i < *n; i++ {
+		q, err := qemuRestore(repo, art)
+		check(err)
+		f, err := forkOnce(repo, art)
+		check(err)
+		qemuTimes, forkTimes = append(qemuTimes, q), append(forkTimes, f)
+	}
+	qs, fs := harness.Sorted(qemuTimes), harness.Sorted(forkTimes)
+	fmt.Printf("fork from a cold process, %d each:\n", *n)
+	fmt.Printf("  QEMU's own restore (start, incoming, cont):        p50 %s  p95 %s\n", harness.MS(harness.Percentile(qs, 50)), harness.MS(harness.Percentile(qs, 95)))
+	fmt.Printf("  nether fork (process start -> first command):     p50 %s  p95 %s\n", harness.MS(harness.Percentile(fs, 50)), harness.MS(harness.Percentile(fs, 95)))
+	fmt.Printf("  cold boot (process start -> first command):       %s\n", harness.MS(cold))
+	fmt.Printf("  ratio fork/QEMU restore p50: %.2f (target <= 1.2); fork/cold boot: %.2f\n", ratio(fs, qs), float64(harness.Percentile(fs, 50))/float64(cold))
+	fmt.Printf("  fork on request (pre-started engine pool): not built yet\n\n")
+
+	// Fan-out, then the same number of restores that copy memory: the
+	// artifact of a fork is a stream artifact (its RAM rides in the state).
+	all, pss, err := fan(repo, art, *fanout)
+	check(err)
+	one, pss1, err := fan(repo, art, 1)
+	check(err)
+	_ = one
+	streamArt, err := streamArtifact(repo, art)
+	check(err)
+	_, pssCopy, err := fan(repo, streamArt, *fanout)
+	check(err)
+	fmt.Printf("%d concurrent forks of the 512 MiB base:\n", *fanout)
+	fmt.Printf("  all answered after %s\n", harness.MS(all))
+	fmt.Printf("  host memory of the idle forks (sum of PSS, QEMU + nether): %s; one fork alone: %s\n", harness.MiB(pss), harness.MiB(pss1))
+	fmt.Printf("  marginal per additional fork: %s (target <= 64 MiB)\n", harness.MiB((pss-pss1)/int64(*fanout-1)))
+	fmt.Printf("  the same number of restores that copy guest memory: %s (%.1fx)\n\n", harness.MiB(pssCopy), float64(pssCopy)/float64(pss))
+
+	// Park -> wake -> first command, repeatedly (each wake parks again).
+	var wakes []time.Duration
+	prev := art
+	for i := 0; i < 5; i++ {
+		sb, err := harness.Start(repo, "restore = 1\nrestore_from = "+prev+"\n")
+		check(err)
+		cc, err := sb.Dial(30 * time.Second)
+		check(err)
+		check(harness.Run(cc, "true"))
+		if i > 0 {
+			wakes = append(wakes, time.Since(sb.Start))
+		}
+		parkDir, err := os.MkdirTemp("", "nether-park-")
+		check(err)
+		_, err = harness.Exec(cc, "__park__ p")
+		check(err)
+		cc.Close()
+		check(sb.Wait(30 * time.Second))
+		// Keep the park outside the sandbox dir, which Stop removes.
+		check(os.Rename(filepath.Join(sb.Dir, "p"), filepath.Join(parkDir, "p")))
+		sb.Stop()
+		prev = filepath.Join(parkDir, "p")
+		defer os.RemoveAll(parkDir)
+	}
+	ws := harness.Sorted(wakes)
+	fmt.Printf("park -> wake -> first command (%d wakes): p50 %s, max %s\n", len(ws), harness.MS(harness.Percentile(ws, 50)), harness.MS(ws[len(ws)-1]))
+}
+
+func ratio(a, b []time.Duration) float64 {
+	return float64(harness.Percentile(a, 50)) / float64(harness.Percentile(b, 50))
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/fork:", err)
+		os.Exit(1)
+	}
+}
+
+// qemuRestore is the baseline: the engine alone restores the artifact
+// (QEMU start, QMP, migrate-incoming, cont), with no nether process,
+// channel or handshake.
+func qemuRestore(repo, art string) (time.Duration, error) {
+	run, err := os.MkdirTemp("", "nether-bench-qemu-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(run)
+	state, err := os.Open(filepath.Join(art, "state"))
+	if err != nil {
+		return 0, err
+	}
+	defer state.Close()
+	guest := filepath.Join(repo, "build", "guest")
+	ctx := context.Background()
+	start := time.Now()
+	m, err := qemu.Start(ctx, engine.Spec{
+		CPUs: 1, RAMMB: 512, Accel: engine.AccelTCG,
+		Kernel: filepath.Join(guest, "vmlinux"), Initrd: filepath.Join(guest, "initramfs.cpio"),
+		Cmdline: sandbox.KernelCmdline(false), RunDir: run,
+		Incoming: &engine.Incoming{RAMFile: filepath.Join(art, "ram"), State: state},
+	}, qemu.Options{})
+	if err != nil {
+		return 0, err
+	}
+	defer m.Quit(ctx)
+	if err := m.CompleteIncoming(ctx); err != nil {
+		return 0, err
+	}
+	if err := m.Resume(ctx); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+func forkOnce(repo, art string) (time.Duration, error) {
+	sb, err := harness.Start(repo, "restore = 1\nrestore_from = "+art+"\n")
+	if err != nil {
+		return 0, err
+	}
+	defer sb.Stop()
+	c, err := sb.Dial(30 * time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	if err := harness.Run(c, "true"); err != nil {
+		return 0, err
+	}
+	return time.Since(sb.Start), nil
+}
+
+// fan starts k forks at once, returns when all answered and the sum of
+// their PSS once idle.
+func fan(repo, art string, k int) (time.Duration, int64, error) {
+	start := time.Now()
+	sbs := make([]*harness.Sandbox, k)
+	errs := make([]error, k)
+	var wg sync.WaitGroup
+	for i := range sbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sb, err := harness.Start(repo, "restore = 1\nrestore_from = "+art+"\n")
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			sbs[i] = sb
+			c, err := sb.Dial(120 * time.Second)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			defer c.Close()
+			errs[i] = harness.Run(c, "true")
+		}()
+	}
+	wg.Wait()
+	all := time.Since(start)
+	defer func() {
+		for _, sb := range sbs {
+			if sb != nil {
+				sb.Stop()
+			}
+		}
+	}()
+	for _, err := range errs {
+		if err != nil {
+			return 0, 0, err
+		}
+	}
+	time.Sleep(2 * time.Second) // idle
+	var pss int64
+	for _, sb := range sbs {
+		pss += harness.PSS(sb.QEMUPid()) + harness.PSS(sb.Cmd.Process.Pid)
+	}
+	return all, pss, nil
+}
+
+// streamArtifact makes a stream artifact of the same guest: a fork's RAM
+// is a private map, so its snapshot carries RAM in the state stream, and
+// restores of it copy that memory.
+func streamArtifact(repo, art string) (string, error) {
+	sb, err := harness.Start(repo, "restore = 1\nrestore_from = "+art+"\n")
+	if err != nil {
+		return "", err
+	}
+	defer sb.Stop()
+	c, err := sb.Dial(30 * time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	if _, err := harness.Exec(c, "__snapshot__ stream"); err != nil {
+		return "", err
+	}
+	dir, err := os.MkdirTemp("", "nether-bench-stream-")
+	if err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, "stream")
+	return dst, os.Rename(filepath.Join(sb.Dir, "stream"), dst)
+}
