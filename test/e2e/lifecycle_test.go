@@ -216,3 +216,39 @@ func TestControlSocketOwnership(t *testing.T) {
 		}
 	})
 }
+
+// TestPeerUIDCheck: the socket is 0600, and even when someone loosens the
+// file mode, a client of another uid is refused by the peer-credential
+// check with a framed ERR.
+func TestPeerUIDCheck(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("SKIPPED: needs root to connect as another uid")
+	}
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Skip("SKIPPED: setpriv (util-linux) not installed")
+	}
+	dir, err := os.MkdirTemp("", "nether-uid-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	os.Chmod(dir, 0o755)
+	sb := startIn(t, dir)
+	fi, err := os.Stat(sb.sock)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v (err %v), want 0600", fi.Mode().Perm(), err)
+	}
+	os.Chmod(sb.sock, 0o666) // an operator mistake; the peer check still holds
+	out, _ := exec.Command(setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+		ctlBin, "-timeout", "20s", sb.sock, "echo", "intruder").CombinedOutput()
+	t.Logf("nether-ctl as uid 65534: %s", out)
+	if !strings.Contains(string(out), "ERR permission denied") {
+		t.Fatalf("a client of another uid was not refused: %s", out)
+	}
+	// The owner still drives.
+	c := sb.dial()
+	if body, exit := run(t, c, "echo owner"); body != "owner\n" || exit != 0 {
+		t.Fatalf("%q %d", body, exit)
+	}
+}
