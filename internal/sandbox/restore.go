@@ -70,9 +70,11 @@ func (s *Sandbox) restore(ctx context.Context, spec engine.Spec, opt qemu.Option
 	}
 	spec.VMGenID = qemu.NewGUID()
 	if !s.cfg.ForkReseed {
-		// The guest sees no generation change and keeps its CRNG state:
-		// siblings then produce the same random bytes. Only for tests and
-		// for workloads that want bit-identical replays.
+		// The guest sees no generation change and resumes its CRNG state
+		// as captured: siblings share it until the kernel reseeds on its
+		// own timer (which mixes in fresh RDRAND output), so they may
+		// produce the same random bytes for up to a minute. Never for
+		// anything that needs secrets.
 		spec.VMGenID = meta.VMGenID
 	}
 	m, err := qemu.Start(ctx, spec, opt)

@@ -552,6 +552,10 @@ func checkDir(dirfd int, m *Meta) error {
 		if _, listed := m.Files[name]; listed || name == fileMeta || name == fileCommitted {
 			continue
 		}
+		if name == fileClaimed {
+			// A wake claimed the park after we read its marker.
+			return wokenErr()
+		}
 		return errc(ErrCorrupt, nil, "unexpected file %q (an artifact holds only its listed files, %s and %s)",
 			name, fileMeta, fileCommitted)
 	}

@@ -123,34 +123,9 @@ func start(t *testing.T, extraConf ...string) *sandbox {
 func startIn(t *testing.T, dir string, extraConf ...string) *sandbox {
 	t.Helper()
 	needGuest(t)
-	sb := &sandbox{t: t, dir: dir, sock: filepath.Join(dir, "ctl.sock"),
-		stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
-	conf := "control_socket = " + sb.sock + "\n" + strings.Join(extraConf, "\n") + "\n"
-	if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sb.cmd = exec.Command(netherBin)
-	sb.cmd.Dir = dir
-	sb.cmd.Env = append(os.Environ(), "NETHER_GUEST_DIR="+guestDir)
-	sb.cmd.Stdout, sb.cmd.Stderr = sb.stdout, sb.stderr
-	if err := sb.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { sb.err = sb.cmd.Wait(); close(sb.done) }()
+	sb := spawn(t, dir, extraConf...)
 	t.Cleanup(func() {
-		select {
-		case <-sb.done:
-		default:
-			sb.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-sb.done:
-			case <-time.After(20 * time.Second):
-				sb.cmd.Process.Kill()
-				<-sb.done
-			}
-		}
 		if t.Failed() {
-			t.Logf("nether stderr:\n%s", sb.stderr.String())
 			if b, err := os.ReadFile(filepath.Join(dir, "console.log")); err == nil {
 				t.Logf("console.log (tail):\n%s", tail(string(b), 3000))
 			}
@@ -300,4 +275,40 @@ func (sb *sandbox) checkNoLeftovers() {
 			sb.t.Errorf("temporary file %s left in the launch directory", e.Name())
 		}
 	}
+}
+
+// spawn starts nether in dir without waiting for anything.
+func spawn(t *testing.T, dir string, conf ...string) *sandbox {
+	t.Helper()
+	sb := &sandbox{t: t, dir: dir, sock: filepath.Join(dir, "ctl.sock"),
+		stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
+	text := "control_socket = " + sb.sock + "\n" + strings.Join(conf, "\n") + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sb.cmd = exec.Command(netherBin)
+	sb.cmd.Dir = dir
+	sb.cmd.Env = append(os.Environ(), "NETHER_GUEST_DIR="+guestDir)
+	sb.cmd.Stdout, sb.cmd.Stderr = sb.stdout, sb.stderr
+	if err := sb.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { sb.err = sb.cmd.Wait(); close(sb.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-sb.done:
+		default:
+			sb.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-sb.done:
+			case <-time.After(20 * time.Second):
+				sb.cmd.Process.Kill()
+				<-sb.done
+			}
+		}
+		if t.Failed() {
+			t.Logf("nether (%s) stderr:\n%s", dir, sb.stderr.String())
+		}
+	})
+	return sb
 }
