@@ -45,6 +45,7 @@ func main() {
 
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "bench/boot:", err)
+	harness.StopAll()
 	os.Exit(1)
 }
 

@@ -84,5 +84,6 @@ func mibps(n int64, d time.Duration) float64 { return float64(n) / (1 << 20) / d
 
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "bench/drive:", err)
+	harness.StopAll()
 	os.Exit(1)
 }

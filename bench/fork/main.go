@@ -144,6 +144,7 @@ func ratio(a, b []time.Duration) float64 {
 func check(err error) {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench/fork:", err)
+		harness.StopAll()
 		os.Exit(1)
 	}
 }

@@ -144,6 +144,7 @@ func (s *Sandbox) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		resume()
 		return res, err
 	}
+	paused := time.Now()
 	chState := s.mux.State()
 	chJSON, err := chState.Marshal()
 	if err != nil {
@@ -152,19 +153,25 @@ func (s *Sandbox) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 	if err := s.m.SaveState(ctx, stateFile); err != nil {
 		return fail(fmt.Errorf("saving device state: %w", err))
 	}
+	saved := time.Now()
+	var ramBytes int64
 	if shared {
 		mem, err := os.Open(memPath)
 		if err != nil {
 			return fail(fmt.Errorf("opening guest memory: %w", err))
 		}
-		_, err = qemu.CopySparse(ramFile, mem)
+		ramBytes, err = qemu.CopySparse(ramFile, mem)
 		mem.Close()
 		if err != nil {
 			return fail(fmt.Errorf("copying guest memory: %w", err))
 		}
 	}
+	copied := time.Now()
 	resume()
 	res.pause = time.Since(start)
+	s.log.Info("capture pause", "kind", kind, "pause_ms", res.pause.Milliseconds(),
+		"drain_and_stop_ms", paused.Sub(start).Milliseconds(), "device_state_ms", saved.Sub(paused).Milliseconds(),
+		"ram_copy_ms", copied.Sub(saved).Milliseconds(), "ram_bytes", ramBytes)
 
 	// 5: commit (checksums and fsync happen here, with the guest running
 	// again for a base).

@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -45,6 +46,25 @@ type Sandbox struct {
 	Stdout *os.File
 }
 
+var (
+	liveMu sync.Mutex
+	live   = map[*Sandbox]bool{}
+)
+
+// StopAll stops every sandbox still running: a benchmark that fails calls
+// it before exiting, so no guest outlives it.
+func StopAll() {
+	liveMu.Lock()
+	sbs := make([]*Sandbox, 0, len(live))
+	for sb := range live {
+		sbs = append(sbs, sb)
+	}
+	liveMu.Unlock()
+	for _, sb := range sbs {
+		sb.Stop()
+	}
+}
+
 // Start launches bin/nether in a fresh launch directory.
 func Start(repo string, conf string) (*Sandbox, error) {
 	dir, err := os.MkdirTemp("", "nether-bench-")
@@ -67,6 +87,9 @@ func Start(repo string, conf string) (*Sandbox, error) {
 	if err := sb.Cmd.Start(); err != nil {
 		return nil, err
 	}
+	liveMu.Lock()
+	live[sb] = true
+	liveMu.Unlock()
 	return sb, nil
 }
 
@@ -89,6 +112,13 @@ func (sb *Sandbox) Dial(timeout time.Duration) (*client.Client, error) {
 
 // Stop shuts the sandbox down and removes its directory.
 func (sb *Sandbox) Stop() {
+	liveMu.Lock()
+	if !live[sb] {
+		liveMu.Unlock()
+		return
+	}
+	delete(live, sb)
+	liveMu.Unlock()
 	sb.Cmd.Process.Signal(syscall.SIGTERM)
 	done := make(chan struct{})
 	go func() { sb.Cmd.Wait(); close(done) }()
@@ -102,11 +132,16 @@ func (sb *Sandbox) Stop() {
 	os.RemoveAll(sb.Dir)
 }
 
-// Run runs one command and fails on a non-zero exit.
+// Run runs one command and fails on a non-zero exit. A guest that is not
+// ready yet (many restores at once on a small machine can take longer than
+// nether's 30 s readiness wait) is asked again, as a platform would.
 func Run(c *client.Client, line string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	exit, err := c.Run(ctx, line, nil)
+	for err != nil && strings.Contains(err.Error(), "agent not connected") && ctx.Err() == nil {
+		exit, err = c.Run(ctx, line, nil)
+	}
 	if err != nil {
 		return err
 	}

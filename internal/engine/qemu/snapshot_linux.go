@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
@@ -120,7 +119,11 @@ func (m *Machine) waitMigration(ctx context.Context) error {
 }
 
 // CopySparse copies src to dst leaving holes where src has holes or whole
-// zero pages, so a 512 MiB guest that touched 100 MiB costs 100 MiB.
+// zero pages, so a 512 MiB guest that touched 100 MiB costs 100 MiB. It
+// runs while the guest is paused, so it is built for speed: plain 1 MiB
+// reads and writes of the data extents beat both a mapping of the source
+// (page faults) and parallel writers (they queue on the file's lock) on
+// tmpfs -> ext4, measured.
 func CopySparse(dst, src *os.File) (int64, error) {
 	fi, err := src.Stat()
 	if err != nil {
@@ -130,49 +133,73 @@ func CopySparse(dst, src *os.File) (int64, error) {
 	if err := dst.Truncate(size); err != nil {
 		return 0, err
 	}
-	buf := make([]byte, 4<<20)
-	const page = 4096
+	pieces, err := dataPieces(src, size, 1<<20)
+	if err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 1<<20)
 	var copied int64
-	off := int64(0)
-	for off < size {
+	for _, pc := range pieces {
+		chunk := buf[:pc[1]-pc[0]]
+		if _, err := src.ReadAt(chunk, pc[0]); err != nil {
+			return copied, fmt.Errorf("reading %s: %w", src.Name(), err)
+		}
+		n, err := writeNonZero(dst, chunk, pc[0])
+		copied += n
+		if err != nil {
+			return copied, err
+		}
+	}
+	return copied, nil
+}
+
+// dataPieces lists src's data extents (SEEK_DATA/SEEK_HOLE), cut into
+// pieces of at most max bytes.
+func dataPieces(src *os.File, size, max int64) ([][2]int64, error) {
+	var out [][2]int64
+	for off := int64(0); off < size; {
 		data, err := unix.Seek(int(src.Fd()), off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
 			break // only a hole remains
 		}
 		if err != nil {
-			return copied, fmt.Errorf("finding data in %s: %w", src.Name(), err)
+			return nil, fmt.Errorf("finding data in %s: %w", src.Name(), err)
 		}
 		hole, err := unix.Seek(int(src.Fd()), data, unix.SEEK_HOLE)
 		if err != nil {
-			return copied, fmt.Errorf("finding holes in %s: %w", src.Name(), err)
+			return nil, fmt.Errorf("finding holes in %s: %w", src.Name(), err)
 		}
-		for pos := data; pos < hole; {
-			n := min(int64(len(buf)), hole-pos)
-			if _, err := src.ReadAt(buf[:n], pos); err != nil && err != io.EOF {
-				return copied, fmt.Errorf("reading %s: %w", src.Name(), err)
-			}
-			// Write runs of non-zero pages; skip zero pages to keep holes.
-			for p := int64(0); p < n; {
-				if isZero(buf[p:min(p+page, n)]) {
-					p += page
-					continue
-				}
-				q := p + page
-				for q < n && !isZero(buf[q:min(q+page, n)]) {
-					q += page
-				}
-				q = min(q, n)
-				if _, err := dst.WriteAt(buf[p:q], pos+p); err != nil {
-					return copied, fmt.Errorf("writing %s: %w", dst.Name(), err)
-				}
-				copied += q - p
-				p = q
-			}
-			pos += n
+		for p := data; p < hole; p += max {
+			out = append(out, [2]int64{p, min(p+max, hole)})
 		}
 		off = hole
 	}
-	return copied, nil
+	return out, nil
+}
+
+// writeNonZero writes the runs of non-zero pages of chunk to dst at off
+// onwards; zero pages stay holes.
+func writeNonZero(dst *os.File, chunk []byte, off int64) (int64, error) {
+	const page = 4096
+	end := int64(len(chunk))
+	var n int64
+	for p := int64(0); p < end; {
+		if isZero(chunk[p:min(p+page, end)]) {
+			p += page
+			continue
+		}
+		q := p + page
+		for q < end && !isZero(chunk[q:min(q+page, end)]) {
+			q += page
+		}
+		q = min(q, end)
+		if _, err := dst.WriteAt(chunk[p:q], off+p); err != nil {
+			return n, fmt.Errorf("writing %s: %w", dst.Name(), err)
+		}
+		n += q - p
+		p = q
+	}
+	return n, nil
 }
 
 var zeroPage [4096]byte
