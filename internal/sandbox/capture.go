@@ -124,9 +124,12 @@ func (s *Sandbox) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		s.mux.Thaw()
 		return res, fmt.Errorf("pausing the guest: %w", err)
 	}
+	// Whatever happens from here, a base resumes, and so does a park that
+	// failed before it was committed: the session goes on as if it had
+	// not been asked.
 	resumed := false
-	resume := func() {
-		if !resumed && kind == snapshot.KindBase {
+	resumeGuest := func() {
+		if !resumed {
 			resumed = true
 			if err := s.m.Resume(context.Background()); err != nil {
 				s.log.Error("resuming after a capture failed", "err", err)
@@ -135,13 +138,7 @@ func (s *Sandbox) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		}
 	}
 	fail := func(err error) (captureResult, error) {
-		if kind == snapshot.KindPark {
-			// The park failed before the guest was gone: the session goes
-			// on as if it had not been asked.
-			s.m.Resume(context.Background())
-			s.mux.Thaw()
-		}
-		resume()
+		resumeGuest()
 		return res, err
 	}
 	paused := time.Now()
@@ -167,7 +164,9 @@ func (s *Sandbox) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		}
 	}
 	copied := time.Now()
-	resume()
+	if kind == snapshot.KindBase {
+		resumeGuest()
+	}
 	res.pause = time.Since(start)
 	s.log.Info("capture pause", "kind", kind, "pause_ms", res.pause.Milliseconds(),
 		"drain_and_stop_ms", paused.Sub(start).Milliseconds(), "device_state_ms", saved.Sub(paused).Milliseconds(),

@@ -213,6 +213,11 @@ func Validate(ctx context.Context, path string, fp snapshot.Fingerprint) (string
 	return art.Summary(), nil
 }
 
+var (
+	qemuVersionRE  = regexp.MustCompile(`version (\d+\.\d+\.\d+)`)
+	machineAliasRE = regexp.MustCompile(`(?m)^` + qemu.MachineType + `\s+.*\(alias of ([^)]+)\)`)
+)
+
 // HostFingerprint is the fingerprint this build and configuration would
 // give a snapshot, found without starting a guest: QEMU's version and the
 // machine type its "pc" alias stands for come from the QEMU binary.
@@ -225,7 +230,7 @@ func HostFingerprint(cfgCPUs, cfgRAM int, accel engine.Accel, kernel, image, gue
 	if err != nil {
 		return snapshot.Fingerprint{}, fmt.Errorf("asking QEMU its version: %w", err)
 	}
-	ver := regexp.MustCompile(`version (\d+\.\d+\.\d+)`).FindSubmatch(out)
+	ver := qemuVersionRE.FindSubmatch(out)
 	if ver == nil {
 		return snapshot.Fingerprint{}, fmt.Errorf("cannot read QEMU's version from %q", out)
 	}
@@ -234,7 +239,7 @@ func HostFingerprint(cfgCPUs, cfgRAM int, accel engine.Accel, kernel, image, gue
 		return snapshot.Fingerprint{}, fmt.Errorf("asking QEMU its machine types: %w", err)
 	}
 	machine := qemu.MachineType
-	if m := regexp.MustCompile(`(?m)^` + qemu.MachineType + `\s+.*\(alias of ([^)]+)\)`).FindSubmatch(out); m != nil {
+	if m := machineAliasRE.FindSubmatch(out); m != nil {
 		machine = string(m[1])
 	}
 	d := newDigests(guestDir)
@@ -284,9 +289,8 @@ func (d *digests) of(path string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("fingerprinting %s: %w", path, err)
 	}
-	abs, _ := filepath.Abs(path)
 	for _, st := range d.stamps {
-		if sameStamp(st, abs, fi) && st.SHA256 != "" {
+		if sameStamp(st, fi) && st.SHA256 != "" {
 			d.cache[path] = st.SHA256
 			return st.SHA256, nil
 		}
