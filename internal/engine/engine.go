@@ -33,8 +33,13 @@ type Spec struct {
 // Incoming is a captured machine to restore.
 type Incoming struct {
 	// RAMFile, when set, is guest memory as a flat file, mapped
-	// copy-on-write; when empty the state stream carries the memory.
+	// copy-on-write; when empty the state stream carries the memory and it
+	// is loaded into a fresh shared file.
 	RAMFile string
+	// RAMFileOwned says RAMFile is this machine's own copy: it is mapped
+	// shared (so a later capture can take the file again instead of
+	// streaming RAM) and removed when the machine ends.
+	RAMFileOwned bool
 	// State is the engine's device-state stream.
 	State *os.File
 }

@@ -67,6 +67,18 @@ func (s *Sandbox) restore(ctx context.Context, spec engine.Spec, opt qemu.Option
 	spec.Incoming = &engine.Incoming{State: stateFile}
 	if meta.RAMMode == snapshot.RAMFile {
 		spec.Incoming.RAMFile = filepath.Join(art.Dir, "ram")
+		if meta.Kind == snapshot.KindPark {
+			// A park wakes once, so there are no siblings to share pages
+			// with. A private copy in our memory directory instead of a
+			// private map of the park keeps the woken guest's memory a
+			// shared file: its next park is a fast file capture, not a
+			// stream of all its RAM.
+			own, err := copyRAM(spec.Incoming.RAMFile, opt.MemDir)
+			if err != nil {
+				return nil, fmt.Errorf("waking %s: %w", art.Dir, err)
+			}
+			spec.Incoming.RAMFile, spec.Incoming.RAMFileOwned = own, true
+		}
 	}
 	spec.VMGenID = qemu.NewGUID()
 	if !s.cfg.ForkReseed {
@@ -307,6 +319,26 @@ func (d *digests) of(path string) (string, error) {
 	v := hex.EncodeToString(h.Sum(nil))
 	d.cache[path] = v
 	return v, nil
+}
+
+// copyRAM copies an artifact's RAM file into dir (sparse), for a machine
+// that maps it shared.
+func copyRAM(src, dir string) (string, error) {
+	in, err := os.Open(src)
+	if err != nil {
+		return "", err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(filepath.Join(dir, "guest-ram"), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return "", err
+	}
+	defer out.Close()
+	if _, err := qemu.CopySparse(out, in); err != nil {
+		os.Remove(out.Name())
+		return "", fmt.Errorf("copying guest memory: %w", err)
+	}
+	return out.Name(), nil
 }
 
 func randomHex(n int) string {

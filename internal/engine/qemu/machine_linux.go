@@ -120,13 +120,15 @@ func Start(ctx context.Context, spec engine.Spec, opt Options) (*Machine, error)
 	}
 	ownMemFile := true
 	if in := spec.Incoming; in != nil {
-		// A restore maps memory privately. From an artifact's RAM file that
-		// is the point (copy-on-write, shared page cache). From a stream,
-		// QEMU refuses to load pages into a shared block while
-		// x-ignore-shared is on, and the stream requires it on.
-		m.memShared = false
-		if in.RAMFile != "" {
-			m.memFile, ownMemFile = in.RAMFile, false
+		// An artifact's RAM file is mapped privately: copy-on-write, the
+		// page cache shared by siblings, the artifact never written. A
+		// stream, or a copy of the RAM that is ours, goes into a shared
+		// file, so this machine's own captures can take the file again.
+		switch {
+		case in.RAMFile != "" && in.RAMFileOwned:
+			m.memFile = in.RAMFile
+		case in.RAMFile != "":
+			m.memFile, ownMemFile, m.memShared = in.RAMFile, false, false
 		}
 	}
 	args := commandLine(spec, socks, m.memFile, m.memShared, m.vmgenid)

@@ -46,11 +46,12 @@ func (m *Machine) migrationTuning(ctx context.Context, ignoreShared bool) error 
 }
 
 // SaveState writes the machine's device state to f while the VM is
-// paused. Guest RAM that lives in a shared file is skipped (the caller
-// copies the file); RAM QEMU maps privately goes into the stream. The
-// stream records the capability, and a restore must set it the same way.
+// paused. Guest RAM that lives in a shared file is skipped
+// (x-ignore-shared: the caller copies the file); RAM QEMU maps privately
+// goes into the stream. The stream records the capability, and a restore
+// must set it the same way (see CompleteIncoming).
 func (m *Machine) SaveState(ctx context.Context, f *os.File) error {
-	if err := m.migrationTuning(ctx, true); err != nil {
+	if err := m.migrationTuning(ctx, m.memShared); err != nil {
 		return fmt.Errorf("preparing migration: %w", err)
 	}
 	if _, err := m.qmp.executeFD(ctx, "getfd", map[string]any{"fdname": "snapstate"}, f); err != nil {
@@ -68,7 +69,11 @@ func (m *Machine) CompleteIncoming(ctx context.Context) error {
 	if m.incoming == nil {
 		return errors.New("machine was not started for an incoming state")
 	}
-	if err := m.migrationTuning(ctx, true); err != nil {
+	// A file artifact was captured with x-ignore-shared (its RAM is the
+	// file); a stream artifact without it (its RAM is in the stream, and
+	// QEMU refuses to load pages into a shared block while the capability
+	// is on).
+	if err := m.migrationTuning(ctx, m.incoming.RAMFile != ""); err != nil {
 		return fmt.Errorf("preparing incoming migration: %w", err)
 	}
 	// The state file is fd 3 in QEMU: the first of ExtraFiles.
