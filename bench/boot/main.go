@@ -78,19 +78,4 @@ func plainBoot(guest string) (time.Duration, error) {
 	}
 }
 
-func netherBoot(repo string) (time.Duration, error) {
-	sb, err := harness.Start(repo, "")
-	if err != nil {
-		return 0, err
-	}
-	defer sb.Stop()
-	c, err := sb.Dial(30 * time.Second)
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	if err := harness.Run(c, "true"); err != nil {
-		return 0, err
-	}
-	return time.Since(sb.Start), nil
-}
+func netherBoot(repo string) (time.Duration, error) { return harness.FirstCommand(repo, "") }

@@ -244,17 +244,7 @@ func (j *Jail) create(rel string, perm os.FileMode) (*AtomicFile, error) {
 	if err != nil {
 		return nil, err
 	}
-	root, unlock, err := j.rootFD()
-	if err != nil {
-		return nil, err
-	}
-	defer unlock()
-
-	parent := "."
-	if len(dirs) > 0 {
-		parent = strings.Join(dirs, "/")
-	}
-	dirfd, err := resolve(root, parent, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	dirfd, _, err := j.parentFD(dirs)
 	if err != nil {
 		return nil, fmt.Errorf("opening parent directory: %w", err)
 	}
@@ -396,18 +386,25 @@ func (j *Jail) OpenParent(rel string) (*os.File, string, error) {
 	if err != nil {
 		return nil, "", fmt.Errorf("transfer jail: %q: %w", rel, err)
 	}
+	dirfd, parent, err := j.parentFD(dirs)
+	if err != nil {
+		return nil, "", fmt.Errorf("transfer jail: opening the directory of %q: %w", rel, err)
+	}
+	return os.NewFile(uintptr(dirfd), filepath.Join(j.path, parent)), base, nil
+}
+
+// parentFD opens the directory made of dirs (the jail root when empty)
+// beneath the pinned root, for reading and fsync.
+func (j *Jail) parentFD(dirs []string) (int, string, error) {
 	root, unlock, err := j.rootFD()
 	if err != nil {
-		return nil, "", err
+		return -1, "", err
 	}
 	defer unlock()
 	parent := "."
 	if len(dirs) > 0 {
 		parent = strings.Join(dirs, "/")
 	}
-	dirfd, err := resolve(root, parent, unix.O_RDONLY|unix.O_DIRECTORY, 0)
-	if err != nil {
-		return nil, "", fmt.Errorf("transfer jail: opening the directory of %q: %w", rel, err)
-	}
-	return os.NewFile(uintptr(dirfd), filepath.Join(j.path, parent)), base, nil
+	fd, err := resolve(root, parent, unix.O_RDONLY|unix.O_DIRECTORY, 0)
+	return fd, parent, err
 }

@@ -230,3 +230,23 @@ func PSS(pid int) int64 {
 
 // MiB formats bytes.
 func MiB(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// FirstCommand starts a nether with conf and returns the time from process
+// start until its first command (`true`) was answered; the sandbox is
+// stopped afterwards.
+func FirstCommand(repo, conf string) (time.Duration, error) {
+	sb, err := Start(repo, conf)
+	if err != nil {
+		return 0, err
+	}
+	defer sb.Stop()
+	c, err := sb.Dial(30 * time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	if err := Run(c, "true"); err != nil {
+		return 0, err
+	}
+	return time.Since(sb.Start), nil
+}
