@@ -990,3 +990,40 @@ func TestGuestTime(t *testing.T) {
 	shutdown(t, w, wc)
 	w.checkNoLeftovers()
 }
+
+// TestSnapshotOnAFullDisk: a capture that runs out of space answers ERR,
+// leaves nothing behind, and the sandbox runs on as if never asked.
+func TestSnapshotOnAFullDisk(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("SKIPPED: needs root to mount a small tmpfs as the launch directory")
+	}
+	art := sharedBase(t)
+	dir, err := os.MkdirTemp("", "nether-fulldisk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	// Room for the launch directory's own files, not for a guest's memory.
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("SKIPPED: cannot mount a tmpfs here: %v %s", err, out)
+	}
+	defer exec.Command("umount", "-l", dir).Run()
+	sb := restoreIn(t, dir, art)
+	c := sb.dial()
+	mustRun(t, c, "echo before > /root/before")
+	body, exit := run(t, c, "__snapshot__ full")
+	t.Logf("reply: %s", body)
+	if exit != -1 || !strings.Contains(body, "space") {
+		t.Fatalf("snapshot on a full disk: %q exit %d, want ERR naming the lack of space", body, exit)
+	}
+	entries, _ := os.ReadDir(dir)
+	for _, e := range entries {
+		if strings.Contains(e.Name(), "full") {
+			t.Errorf("a failed capture left %s behind", e.Name())
+		}
+	}
+	if got := mustRun(t, c, "cat /root/before; echo after"); got != "before\nafter\n" {
+		t.Fatalf("sandbox after the failed capture: %q", got)
+	}
+	shutdown(t, sb, c)
+}

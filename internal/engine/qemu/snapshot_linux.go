@@ -104,11 +104,10 @@ func (m *Machine) waitMigration(ctx context.Context) error {
 		case "completed":
 			return nil
 		case "failed", "cancelled":
-			msg := st.ErrorDesc
-			if msg == "" {
-				msg = st.Status
+			if st.ErrorDesc == "" {
+				return fmt.Errorf("migration %s", st.Status)
 			}
-			return fmt.Errorf("migration %s", msg)
+			return fmt.Errorf("migration failed: %s", st.ErrorDesc)
 		}
 		select {
 		case <-ctx.Done():
