@@ -301,3 +301,48 @@ func TestDecoderResynchronises(t *testing.T) {
 		})
 	}
 }
+
+// TestPeerThatNeverAcknowledges: a peer that floods opens and never
+// acknowledges cannot grow our resend queue without bound.
+func TestPeerThatNeverAcknowledges(t *testing.T) {
+	host := New(Host, quietLog())
+	defer host.Close()
+	hc, peer := net.Pipe()
+	defer peer.Close()
+	host.Attach(hc, false)
+	// Refuse every stream the peer opens, as nether does with anything
+	// but hello; each refusal is a reset frame waiting for an ack.
+	go func() {
+		for {
+			s, err := host.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			s.Reset("refused")
+		}
+	}()
+	go io.Copy(io.Discard, peer) // read, never acknowledge
+	var buf []byte
+	for seq := uint64(1); seq <= 3*maxUnacked; seq++ {
+		buf = appendFrame(buf[:0], &frame{typ: typeOpen, stream: uint32(2 * seq), seq: seq, payload: []byte("x")})
+		if _, err := peer.Write(buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		host.mu.Lock()
+		n, recv := len(host.unacked), host.recvSeq
+		host.mu.Unlock()
+		if recv == 3*maxUnacked {
+			if n > maxUnacked+1 {
+				t.Fatalf("%d frames wait for acknowledgement; the bound is %d", n, maxUnacked)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("host processed %d of %d frames", recv, 3*maxUnacked)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -56,6 +56,7 @@ type Mux struct {
 	// counters for meters and logs
 	bytesIn, bytesOut uint64
 	skipped           uint64
+	lastWarn          time.Time
 }
 
 type pending struct {
@@ -126,7 +127,7 @@ func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
 			}
 			if d.Skipped != 0 {
 				m.skipped += d.Skipped
-				m.log.Warn("channel: skipped bytes that were not valid frames", "bytes", d.Skipped)
+				m.warnLocked("channel: skipped bytes that were not valid frames", "bytes_total", m.skipped)
 				d.Skipped = 0
 			}
 			m.cond.Broadcast()
@@ -186,8 +187,16 @@ func (m *Mux) handleLocked(f *frame) {
 	s := m.streams[f.stream]
 	switch f.typ {
 	case typeOpen:
+		if len(m.unacked)+len(m.acceptq) >= maxUnacked {
+			// A peer that opens streams but never acknowledges what we
+			// send would grow our resend queue without bound (every open
+			// we refuse costs a reset frame). Ignore its opens until it
+			// acknowledges again; a working peer never gets near this.
+			m.warnLocked("channel: peer is not acknowledging; ignoring the streams it opens", "unacked_frames", len(m.unacked))
+			return
+		}
 		if s != nil || f.stream == 0 || (f.stream%2 == 1) != (m.role == Guest) {
-			m.log.Warn("channel: peer opened an invalid stream id; resetting it", "stream", f.stream)
+			m.warnLocked("channel: peer opened an invalid stream id; resetting it", "stream", f.stream)
 			m.sendLocked(typeReset, f.stream, []byte("invalid stream id"))
 			return
 		}
@@ -199,7 +208,7 @@ func (m *Mux) handleLocked(f *frame) {
 			return
 		}
 		if len(s.unread)+len(f.payload) > Window {
-			m.log.Warn("channel: peer overran its credit window; resetting stream", "stream", f.stream)
+			m.warnLocked("channel: peer overran its credit window; resetting stream", "stream", f.stream)
 			m.resetLocked(s, "credit window exceeded")
 			return
 		}
@@ -227,6 +236,19 @@ func (m *Mux) handleLocked(f *frame) {
 			grant = Window - s.credit // never more than one window outstanding
 		}
 		s.credit += grant
+	}
+}
+
+// maxUnacked bounds the resend queue against a peer that opens streams
+// without acknowledging anything. Credit windows already bound data.
+const maxUnacked = 4096
+
+// warnLocked logs a warning about the peer at most once a second: a
+// hostile guest must not be able to flood nether's log.
+func (m *Mux) warnLocked(msg string, args ...any) {
+	if now := time.Now(); now.Sub(m.lastWarn) >= time.Second {
+		m.lastWarn = now
+		m.log.Warn(msg, args...)
 	}
 }
 
