@@ -310,6 +310,13 @@ func (c *Client) run(ctx context.Context, line string, out io.Writer, mode readM
 	}()
 
 	if _, err := io.WriteString(c.conn, line+"\n"); err != nil {
+		// A server that refuses a client (too many clients, another uid)
+		// writes its framed ERR and closes at once, possibly before our
+		// command leaves: the reply already waiting says more than EPIPE.
+		if ce := c.pendingRefusal(); ce != nil {
+			c.broken = ce
+			return ce.Exit, ce
+		}
 		return 0, c.fail(ctx, fmt.Errorf("sending command: %w", err))
 	}
 
@@ -343,6 +350,18 @@ func (c *Client) run(ctx context.Context, line string, out io.Writer, mode readM
 		return res.Exit, fmt.Errorf("client: %w (%d bytes)", ErrTruncated, res.Discarded)
 	}
 	return res.Exit, nil
+}
+
+// pendingRefusal reads a framed control error the server sent before it
+// closed the connection, if there is one.
+func (c *Client) pendingRefusal() *ControlError {
+	c.setReadDeadline(time.Now().Add(time.Second))
+	var body bytes.Buffer
+	res, err := c.fr.Next(&body)
+	if err != nil || res.Exit >= 0 {
+		return nil
+	}
+	return &ControlError{Exit: res.Exit, Msg: strings.TrimRight(body.String(), "\n")}
 }
 
 // fail records a stream-level failure, translating socket deadline errors
