@@ -811,7 +811,13 @@ func TestCaptureCommands(t *testing.T) {
 			}
 		})
 	}
-	// FinishPark ran once, for the park that succeeded, after its reply.
+	// FinishPark runs once, for the park that succeeded, right after its
+	// reply (so the client may see the reply first).
+	deadline := time.Now().Add(5 * time.Second)
+	for fb.parks.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
 	if n := fb.parks.Load(); n != 1 {
 		t.Fatalf("FinishPark called %d times, want 1", n)
 	}

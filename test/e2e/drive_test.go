@@ -49,6 +49,20 @@ func TestDrive(t *testing.T) {
 		}
 	})
 
+	t.Run("the agent as init: mounts, lo up, hostname, orphans reaped", func(t *testing.T) {
+		body, exit := run(t, c, "hostname; cat /sys/class/net/lo/flags; grep -c -E ' (/proc|/sys|/dev|/dev/pts|/run) ' /proc/mounts")
+		if exit != 0 || body != "sandbox\n0x9\n5\n" {
+			t.Fatalf("got %q exit %d; want hostname sandbox, lo flags 0x9 (UP|LOOPBACK), 5 mounts", body, exit)
+		}
+		// A double fork leaves an orphan for PID 1 to reap.
+		run(t, c, "(sleep 0.2 &) ; true")
+		time.Sleep(time.Second)
+		body, _ = run(t, c, "ps -o stat,comm | awk '$1 ~ /^Z/' | wc -l")
+		if strings.TrimSpace(body) != "0" {
+			t.Fatalf("zombies left: %q", body)
+		}
+	})
+
 	t.Run("stdout and stderr interleave in one body", func(t *testing.T) {
 		body, exit := run(t, c, "echo out; echo err >&2; echo out2")
 		if body != "out\nerr\nout2\n" || exit != 0 {
