@@ -98,9 +98,8 @@ func main() {
 	// artifact of a fork is a stream artifact (its RAM rides in the state).
 	all, pss, err := fan(repo, art, *fanout)
 	check(err)
-	one, pss1, err := fan(repo, art, 1)
+	_, pss1, err := fan(repo, art, 1)
 	check(err)
-	_ = one
 	streamArt, err := streamArtifact(repo, art)
 	check(err)
 	_, pssCopy, err := fan(repo, streamArt, *fanout)

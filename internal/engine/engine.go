@@ -48,8 +48,8 @@ type Incoming struct {
 type Machine interface {
 	// Console is the guest's serial console output.
 	Console() io.Reader
-	// ChannelConns yields a connection each time the engine connects the
-	// guest's channel port: once per process, at start.
+	// ChannelConn is the host end of the guest's channel port, connected
+	// once per engine process, at start.
 	ChannelConn() net.Conn
 	// Done is closed when the engine process has exited.
 	Done() <-chan struct{}

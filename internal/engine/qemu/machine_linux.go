@@ -34,6 +34,9 @@ const MachineType = "pc"
 // ChannelPortName is the virtio-serial port name the agent looks for.
 const ChannelPortName = "nether.channel"
 
+// Machine is the engine seam's first implementation.
+var _ engine.Machine = (*Machine)(nil)
+
 // Options tune how a machine is started.
 type Options struct {
 	Log *slog.Logger
