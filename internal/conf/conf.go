@@ -20,6 +20,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/nethersandbox/nether/internal/engine"
 )
 
 // FileName is the name of the settings file inside the launch directory.
@@ -36,29 +38,19 @@ const (
 // (108 bytes on Linux, including the terminating NUL).
 const MaxSocketPath = 107
 
-// Accel selects the virtualization accelerator.
-type Accel string
-
-// Accelerators accepted by the accel key.
-const (
-	AccelAuto Accel = "auto" // kvm when usable, else tcg
-	AccelKVM  Accel = "kvm"
-	AccelTCG  Accel = "tcg"
-)
-
 // Config is the validated, defaulted content of nether.conf. Paths are
 // absolute and cleaned, so consumers never depend on the process's current
 // directory.
 type Config struct {
-	Dir            string // absolute launch directory the file was read from
-	ControlSocket  string // "" = console mode; else absolute path of the control socket
-	CPUs           int    // 1..32, default 1
-	RAMMB          int    // 128..65536, default 512
-	MaxOutputBytes int64  // per-command output cap; 0 = unlimited; default 1 MiB
-	X402           bool   // settlement framing of the teardown record; default off
-	Accel          Accel  // default auto
-	Kernel         string // "" = default image built by setup; else absolute path of a regular file
-	Image          string // "" = default initramfs built by setup; else absolute path of a regular file
+	Dir            string       // absolute launch directory the file was read from
+	ControlSocket  string       // "" = console mode; else absolute path of the control socket
+	CPUs           int          // 1..32, default 1
+	RAMMB          int          // 128..65536, default 512
+	MaxOutputBytes int64        // per-command output cap; 0 = unlimited; default 1 MiB
+	X402           bool         // settlement framing of the teardown record; default off
+	Accel          engine.Accel // default auto; the engine's own type, resolved there
+	Kernel         string       // "" = default image built by setup; else absolute path of a regular file
+	Image          string       // "" = default initramfs built by setup; else absolute path of a regular file
 
 	// Snapshot / fork keys.
 	Restore            bool   // boot by restoring RestoreFrom instead of a fresh boot
@@ -86,7 +78,7 @@ func Defaults(dir string) *Config {
 		CPUs:           1,
 		RAMMB:          512,
 		MaxOutputBytes: 1 << 20,
-		Accel:          AccelAuto,
+		Accel:          engine.AccelAuto,
 		ForkReseed:     true,
 		Set:            map[string]int{},
 	}
@@ -355,8 +347,7 @@ var fields = []field{
 		func(c *Config) string { return onOff(c.X402) }},
 	{"accel",
 		func(c *Config, v string) string {
-			switch a := Accel(v); a {
-			case AccelAuto, AccelKVM, AccelTCG:
+			if a := engine.Accel(v); a.Valid() {
 				c.Accel = a
 				return ""
 			}

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/nethersandbox/nether/internal/engine"
 )
 
 // launchDir builds a launch directory holding a kernel, an initramfs, a
@@ -49,7 +51,7 @@ func TestDefaults(t *testing.T) {
 	c := Defaults(dir)
 	want := &Config{
 		Dir: dir, CPUs: 1, RAMMB: 512, MaxOutputBytes: 1048576,
-		Accel: AccelAuto, ForkReseed: true, Set: map[string]int{},
+		Accel: engine.AccelAuto, ForkReseed: true, Set: map[string]int{},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("Defaults = %+v, want %+v", c, want)
@@ -104,9 +106,9 @@ func TestParseKeys(t *testing.T) {
 		}},
 		{"x402 on", "x402 = on", func(t *testing.T, c *Config) { eq(t, c.X402, true) }},
 		{"x402 off", "x402 = off", func(t *testing.T, c *Config) { eq(t, c.X402, false) }},
-		{"accel auto", "accel = auto", func(t *testing.T, c *Config) { eq(t, c.Accel, AccelAuto) }},
-		{"accel kvm", "accel = kvm", func(t *testing.T, c *Config) { eq(t, c.Accel, AccelKVM) }},
-		{"accel tcg", "accel = tcg", func(t *testing.T, c *Config) { eq(t, c.Accel, AccelTCG) }},
+		{"accel auto", "accel = auto", func(t *testing.T, c *Config) { eq(t, c.Accel, engine.AccelAuto) }},
+		{"accel kvm", "accel = kvm", func(t *testing.T, c *Config) { eq(t, c.Accel, engine.AccelKVM) }},
+		{"accel tcg", "accel = tcg", func(t *testing.T, c *Config) { eq(t, c.Accel, engine.AccelTCG) }},
 		{"kernel relative", "kernel = vmlinuz", func(t *testing.T, c *Config) { eq(t, c.Kernel, filepath.Join(dir, "vmlinuz")) }},
 		{"kernel nested", "kernel = boot/Image", func(t *testing.T, c *Config) { eq(t, c.Kernel, filepath.Join(dir, "boot", "Image")) }},
 		{"kernel absolute", "kernel = " + filepath.Join(dir, "vmlinuz"), func(t *testing.T, c *Config) {

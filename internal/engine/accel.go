@@ -6,14 +6,27 @@ import (
 	"os"
 )
 
-// Accel is how the guest CPU runs.
+// Accel is how the guest CPU runs. It is both the accel key of
+// nether.conf (internal/conf stores this type, so the configured and the
+// resolved value cannot drift apart) and the resolved choice in a Spec.
 type Accel string
 
 const (
-	AccelAuto Accel = "auto"
+	AccelAuto Accel = "auto" // configuration only: kvm when usable, else tcg
 	AccelKVM  Accel = "kvm"
 	AccelTCG  Accel = "tcg"
 )
+
+// Valid reports whether a is one of the accelerators a configuration may
+// name. The empty string is not: ResolveAccel treats it as auto for
+// callers that build a Spec by hand, but a settings file must say which.
+func (a Accel) Valid() bool {
+	switch a {
+	case AccelAuto, AccelKVM, AccelTCG:
+		return true
+	}
+	return false
+}
 
 // HostFacts is what accel resolution looks at; tests inject their own.
 type HostFacts struct {

@@ -42,3 +42,25 @@ func TestResolveAccel(t *testing.T) {
 		})
 	}
 }
+
+func TestAccelValid(t *testing.T) {
+	cases := []struct {
+		a    Accel
+		want bool
+	}{
+		{AccelAuto, true},
+		{AccelKVM, true},
+		{AccelTCG, true},
+		{"", false},    // ResolveAccel's hand-built default, not a config value
+		{"KVM", false}, // the key is case-sensitive
+		{"hvf", false},
+		{"kvm ", false},
+	}
+	for _, c := range cases {
+		t.Run(string(c.a), func(t *testing.T) {
+			if got := c.a.Valid(); got != c.want {
+				t.Fatalf("Accel(%q).Valid() = %v, want %v", c.a, got, c.want)
+			}
+		})
+	}
+}
