@@ -43,6 +43,8 @@ nether.conf keys (key = value, # comments):
   x402              on|off: settlement framing of the final record (default off)
   accel             auto|kvm|tcg (default auto: KVM only on a CPU with vmx/svm)
   kernel, image     guest kernel and initramfs (default: what setup built)
+  sandbox_id        1-128 printable ASCII bytes, no spaces (default: minted)
+  hostname          guest hostname, one DNS label (default: minted)
 
 Snapshots (control mode): __snapshot__ [path] captures a base into the
 launch directory and keeps running; __park__ [path] captures a one-shot

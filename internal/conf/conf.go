@@ -38,6 +38,14 @@ const (
 // (108 bytes on Linux, including the terminating NUL).
 const MaxSocketPath = 107
 
+// Limits on the identity keys. A hostname is one DNS label (RFC 1035), so
+// it works unchanged as the guest's hostname and in any name a platform
+// builds from it. The id bound keeps it printable in one log field.
+const (
+	MaxHostname  = 63
+	MaxSandboxID = 128
+)
+
 // Config is the validated, defaulted content of nether.conf. Paths are
 // absolute and cleaned, so consumers never depend on the process's current
 // directory.
@@ -59,6 +67,12 @@ type Config struct {
 	ParkDirty          bool   // let __park__ proceed with undelivered bridge bytes
 	ValidateSnapshot   string // absolute path of a snapshot to vet (no boot); "" = off
 	ForkReseed         bool   // reseed the guest crng via vmgenid on restore; default on
+
+	// Identity handed in by the platform. Both are optional and "" when
+	// absent: nether mints what the file leaves out, so "" means "not
+	// given", never "none".
+	SandboxID string // 1..MaxSandboxID bytes of printable ASCII (0x21-0x7e)
+	Hostname  string // one DNS label: 1..MaxHostname of [A-Za-z0-9-], no '-' at either end
 
 	// Set maps every key present in the file to its line number, so callers
 	// can tell explicit settings from defaults when reporting.
@@ -289,7 +303,13 @@ func (c *Config) Format() string {
 	for i := range fields {
 		f := &fields[i]
 		if v := f.get(c); v != f.get(def) {
-			fmt.Fprintf(&b, "%s = %s\n", f.name, v)
+			sep := " = "
+			if strings.HasPrefix(v, "#") {
+				// A sandbox id may start with "#", but after a space a "#"
+				// opens a comment; glued to the "=" it stays the value.
+				sep = " ="
+			}
+			fmt.Fprintf(&b, "%s%s%s\n", f.name, sep, v)
 		}
 	}
 	return b.String()
@@ -392,6 +412,26 @@ var fields = []field{
 	{"fork_reseed",
 		func(c *Config, v string) string { return setBool(&c.ForkReseed, v) },
 		func(c *Config) string { return zeroOne(c.ForkReseed) }},
+	// The identity keys come last so the positions of the older keys in
+	// Report and Format output do not move.
+	{"sandbox_id",
+		func(c *Config, v string) string {
+			if msg := checkSandboxID(v); msg != "" {
+				return msg
+			}
+			c.SandboxID = v
+			return ""
+		},
+		func(c *Config) string { return c.SandboxID }},
+	{"hostname",
+		func(c *Config, v string) string {
+			if msg := checkHostname(v); msg != "" {
+				return msg
+			}
+			c.Hostname = v
+			return ""
+		},
+		func(c *Config) string { return c.Hostname }},
 }
 
 func fieldByName(name string) *field {
@@ -452,6 +492,51 @@ func setBool(dst *bool, v string) string {
 		*dst = false
 	default:
 		return fmt.Sprintf("%q is not a boolean (want 1/0, on/off, true/false or yes/no)", v)
+	}
+	return ""
+}
+
+// checkSandboxID returns "" when v is a usable sandbox id, else why not.
+// The id ends up in logs, file names and the guest, so it is held to
+// printable ASCII: nothing that needs quoting in a log field or can hide
+// (spaces, control characters, look-alike Unicode).
+func checkSandboxID(v string) string {
+	if v == "" {
+		return "a sandbox id cannot be empty"
+	}
+	// Length before content, so an overlong value is not quoted in full.
+	if len(v) > MaxSandboxID {
+		return fmt.Sprintf("sandbox id is %d bytes long; at most %d are allowed", len(v), MaxSandboxID)
+	}
+	for i, r := range v {
+		if r < 0x21 || r > 0x7e {
+			return fmt.Sprintf("%q contains %q at byte %d; a sandbox id is printable ASCII (0x21-0x7e) without spaces", v, r, i)
+		}
+	}
+	return ""
+}
+
+// checkHostname returns "" when v is one DNS label, else why not. The
+// guest's sethostname would take far more, but a label is what every
+// resolver, prompt and platform naming scheme accepts unchanged.
+func checkHostname(v string) string {
+	if v == "" {
+		return "a hostname cannot be empty"
+	}
+	if len(v) > MaxHostname {
+		return fmt.Sprintf("hostname is %d bytes long; a hostname is one DNS label of at most %d characters", len(v), MaxHostname)
+	}
+	for _, r := range v {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-':
+		case r == '.':
+			return fmt.Sprintf("%q contains '.'; a hostname is one DNS label, not a domain name", v)
+		default:
+			return fmt.Sprintf("%q contains %q; a hostname (DNS label) holds only letters, digits and '-'", v, r)
+		}
+	}
+	if v[0] == '-' || v[len(v)-1] == '-' {
+		return fmt.Sprintf("%q starts or ends with '-'; a hostname (DNS label) must start and end with a letter or digit", v)
 	}
 	return ""
 }

@@ -22,6 +22,7 @@ func FuzzParse(f *testing.F) {
 		"kernel = vmlinuz\nimage = initramfs",
 		"restore = 1\nrestore_from = /s/base.snap\nfork_reseed = 0",
 		"validate_snapshot = s.snap\nsnapshot_allow_dirty = yes\npark_dirty = no",
+		"sandbox_id = sb-1\nhostname = box-1",
 	} {
 		f.Add([]byte(s))
 	}

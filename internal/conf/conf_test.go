@@ -136,6 +136,35 @@ func TestParseKeys(t *testing.T) {
 		{"fork_reseed off", "fork_reseed = 0", func(t *testing.T, c *Config) { eq(t, c.ForkReseed, false) }},
 		{"fork_reseed on", "fork_reseed = 1", func(t *testing.T, c *Config) { eq(t, c.ForkReseed, true) }},
 
+		// Identity.
+		{"identity absent", "cpus = 1", func(t *testing.T, c *Config) {
+			eq(t, c.SandboxID, "")
+			eq(t, c.Hostname, "")
+		}},
+		{"sandbox_id", "sandbox_id = sb-7f3a", func(t *testing.T, c *Config) { eq(t, c.SandboxID, "sb-7f3a") }},
+		{"sandbox_id one byte", "sandbox_id = x", func(t *testing.T, c *Config) { eq(t, c.SandboxID, "x") }},
+		{"sandbox_id every printable byte", "sandbox_id = " + printableASCII, func(t *testing.T, c *Config) {
+			eq(t, c.SandboxID, printableASCII)
+		}},
+		{"sandbox_id 128 bytes", "sandbox_id = " + strings.Repeat("i", 128), func(t *testing.T, c *Config) {
+			eq(t, len(c.SandboxID), 128)
+		}},
+		// Only reachable without a space before the "#"; Format must write
+		// it back in a form that is not read as a comment.
+		{"sandbox_id leading hash", "sandbox_id=#42", func(t *testing.T, c *Config) { eq(t, c.SandboxID, "#42") }},
+		{"hostname", "hostname = box-1", func(t *testing.T, c *Config) { eq(t, c.Hostname, "box-1") }},
+		{"hostname one char", "hostname = a", func(t *testing.T, c *Config) { eq(t, c.Hostname, "a") }},
+		{"hostname digits only", "hostname = 42", func(t *testing.T, c *Config) { eq(t, c.Hostname, "42") }},
+		{"hostname case kept", "hostname = Web-Box7", func(t *testing.T, c *Config) { eq(t, c.Hostname, "Web-Box7") }},
+		{"hostname inner dashes", "hostname = a--b", func(t *testing.T, c *Config) { eq(t, c.Hostname, "a--b") }},
+		{"hostname 63 chars", "hostname = " + strings.Repeat("h", 63), func(t *testing.T, c *Config) {
+			eq(t, len(c.Hostname), 63)
+		}},
+		{"identity both", "sandbox_id = tenant/42:a\nhostname = tenant-42", func(t *testing.T, c *Config) {
+			eq(t, c.SandboxID, "tenant/42:a")
+			eq(t, c.Hostname, "tenant-42")
+		}},
+
 		// Syntax variations.
 		{"no spaces", "cpus=2", func(t *testing.T, c *Config) { eq(t, c.CPUs, 2) }},
 		{"tabs and padding", "\t cpus \t=\t 2 \t", func(t *testing.T, c *Config) { eq(t, c.CPUs, 2) }},
@@ -180,6 +209,15 @@ func TestParseKeys(t *testing.T) {
 		})
 	}
 }
+
+// printableASCII is every byte a sandbox id may hold, 0x21 through 0x7e.
+var printableASCII = func() string {
+	var b strings.Builder
+	for c := byte(0x21); c <= 0x7e; c++ {
+		b.WriteByte(c)
+	}
+	return b.String()
+}()
 
 func TestBooleanSpellings(t *testing.T) {
 	dir := launchDir(t)
@@ -253,6 +291,23 @@ func TestParseErrors(t *testing.T) {
 		{"image missing", "\nimage = /nonexistent/initrd", 2, "image", "/nonexistent/initrd does not exist"},
 		{"image is dir", "image = " + dir, 1, "image", "is not a regular file"},
 		{"restore_from relative", "restore = 1\nrestore_from = base.snap", 2, "restore_from", `"base.snap" is not an absolute path`},
+
+		// Identity.
+		{"sandbox_id too long", "sandbox_id = " + strings.Repeat("i", 129), 1, "sandbox_id", "sandbox id is 129 bytes long; at most 128 are allowed"},
+		{"sandbox_id non-ASCII", "sandbox_id = sb-é", 1, "sandbox_id", `"sb-é" contains 'é' at byte 3; a sandbox id is printable ASCII (0x21-0x7e) without spaces`},
+		{"sandbox_id DEL", "sandbox_id = sb\x7f", 1, "sandbox_id", "control character"},
+		{"sandbox_id space", "sandbox_id = sb 1", 1, "sandbox_id", "not a single value"},
+		{"sandbox_id empty", "sandbox_id =", 1, "sandbox_id", "missing value"},
+		{"sandbox_id duplicate", "sandbox_id = a\nsandbox_id = a", 2, "sandbox_id", "duplicate key (first set on line 1)"},
+		{"hostname too long", "hostname = " + strings.Repeat("h", 64), 1, "hostname", "hostname is 64 bytes long; a hostname is one DNS label of at most 63 characters"},
+		{"hostname leading dash", "hostname = -box", 1, "hostname", `"-box" starts or ends with '-'`},
+		{"hostname trailing dash", "hostname = box-", 1, "hostname", `"box-" starts or ends with '-'`},
+		{"hostname only dash", "hostname = -", 1, "hostname", "starts or ends with '-'"},
+		{"hostname underscore", "hostname = my_box", 1, "hostname", `"my_box" contains '_'; a hostname (DNS label) holds only letters, digits and '-'`},
+		{"hostname domain", "\nhostname = box.example.com", 2, "hostname", "contains '.'; a hostname is one DNS label, not a domain name"},
+		{"hostname non-ASCII", "hostname = bøx", 1, "hostname", `contains 'ø'`},
+		{"hostname empty", "hostname = # none", 1, "hostname", "missing value"},
+		{"hostname duplicate", "hostname = a\nhostname = b", 2, "hostname", "duplicate key"},
 
 		// Values.
 		{"missing value", "cpus =", 1, "cpus", "missing value"},
@@ -457,6 +512,8 @@ func TestFormat(t *testing.T) {
 			"snapshot_allow_dirty = true",
 			"park_dirty = 1",
 			"fork_reseed = no",
+			"sandbox_id = sb-0001",
+			"hostname = box-1",
 		}, "\n")
 		c, err := parseString(t, text, dir)
 		if err != nil {
@@ -476,7 +533,9 @@ func TestFormat(t *testing.T) {
 			"restore_from = /var/snaps/base.snap\n" +
 			"snapshot_allow_dirty = 1\n" +
 			"park_dirty = 1\n" +
-			"fork_reseed = 0\n"
+			"fork_reseed = 0\n" +
+			"sandbox_id = sb-0001\n" +
+			"hostname = box-1\n"
 		if f != want {
 			t.Fatalf("Format =\n%s\nwant\n%s", f, want)
 		}
@@ -521,9 +580,59 @@ func TestReport(t *testing.T) {
 		"park_dirty=0",
 		"validate_snapshot=",
 		"fork_reseed=1",
+		"sandbox_id=",
+		"hostname=",
 	}
 	if got := c.Report(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Report =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	t.Run("identity", func(t *testing.T) {
+		c, err := parseString(t, "hostname = box-1\nsandbox_id = sb-1\n", dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := c.Report()
+		if tail := got[len(got)-2:]; !reflect.DeepEqual(tail, []string{"sandbox_id=sb-1", "hostname=box-1"}) {
+			t.Fatalf("Report ends %q, want sandbox_id=sb-1, hostname=box-1", tail)
+		}
+	})
+}
+
+// TestIdentityCheckers covers the validators directly, including the
+// empty value the parser refuses before they run.
+func TestIdentityCheckers(t *testing.T) {
+	tests := []struct {
+		name   string
+		check  func(string) string
+		v      string
+		wantOK bool
+	}{
+		{"id empty", checkSandboxID, "", false},
+		{"id tilde and bang", checkSandboxID, "!~", true},
+		{"id space", checkSandboxID, "a b", false},
+		{"id tab", checkSandboxID, "a\tb", false},
+		{"id NUL", checkSandboxID, "a\x00", false},
+		{"id invalid UTF-8", checkSandboxID, "a\xff", false},
+		{"id 128", checkSandboxID, strings.Repeat("x", 128), true},
+		{"id 129", checkSandboxID, strings.Repeat("x", 129), false},
+		{"host empty", checkHostname, "", false},
+		{"host label", checkHostname, "a-1", true},
+		{"host upper", checkHostname, "ABC", true},
+		{"host 63", checkHostname, strings.Repeat("a", 63), true},
+		{"host 64", checkHostname, strings.Repeat("a", 64), false},
+		{"host leading dash", checkHostname, "-a", false},
+		{"host trailing dash", checkHostname, "a-", false},
+		{"host dot", checkHostname, "a.b", false},
+		{"host slash", checkHostname, "a/b", false},
+		{"host invalid UTF-8", checkHostname, "a\xff", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			msg := tt.check(tt.v)
+			if (msg == "") != tt.wantOK {
+				t.Fatalf("check(%q) = %q, want ok=%v", tt.v, msg, tt.wantOK)
+			}
+		})
 	}
 }
 
