@@ -56,7 +56,7 @@ func main() {
 	mux := channel.New(channel.Guest, log)
 	mux.Attach(port, true)
 
-	a := &agent{log: log, reaper: r, mux: mux}
+	a := &agent{log: log, reaper: r, mux: mux, powerOff: func() { powerOff(log) }}
 	if hello, err := mux.Open(agentproto.Request{
 		Op: agentproto.OpHello, Version: agentproto.Version, Boot: bootID(),
 		StartMS: startMS, ModulesMS: modulesMS, HelloMS: uptimeMS(),

@@ -21,7 +21,14 @@ type agent struct {
 	log    *slog.Logger
 	reaper *reaper
 	mux    *channel.Mux
-	epoch  atomic.Uint64 // session epoch; bumped by each restore handshake
+	// epoch is the session epoch served (agentproto's package comment):
+	// 0 after boot, set by each restore handshake, checked on every
+	// host request.
+	epoch atomic.Uint64
+	// powerOff ends the guest after a poweroff request was acknowledged.
+	// A field, not a direct call, so a test can serve poweroff requests
+	// without powering anything off.
+	powerOff func()
 }
 
 // shellEnv is the environment of every command. Commands start from a
@@ -41,6 +48,15 @@ func (a *agent) serve(s *channel.Stream) {
 		s.Reset(err.Error())
 		return
 	}
+	// Checked once, before anything runs: a request from another session
+	// (still queued in a captured channel, or from a host that missed a
+	// restore) must not act in this one, while a stream admitted earlier
+	// keeps running when a later handshake changes the epoch.
+	if err := agentproto.CheckEpoch(req, a.epoch.Load()); err != nil {
+		a.log.Warn("agent: refused a request from another session", "op", req.Op, "err", err)
+		s.Reset(err.Error())
+		return
+	}
 	switch req.Op {
 	case agentproto.OpExec:
 		a.exec(s, req.Command)
@@ -54,7 +70,7 @@ func (a *agent) serve(s *channel.Stream) {
 		s.CloseWrite([]byte("ok 0"))
 		// Give the acknowledgement a moment to leave before the power goes.
 		time.Sleep(20 * time.Millisecond)
-		powerOff(a.log)
+		a.powerOff()
 	default:
 		s.Reset(fmt.Sprintf("operation %q is not served by this agent", req.Op))
 	}

@@ -6,17 +6,41 @@
 // Every stream is opened with a JSON Request as its metadata. The agent
 // answers on the same stream: output or file bytes, then CloseWrite with a
 // status text, or Reset with an error message.
+//
+// # Session epoch
+//
+// A guest can be captured and restored, even several times from one
+// capture, so bytes the host wrote in one session may reach the guest in
+// another (a request still queued in a captured channel, a host that has
+// not noticed a restore). The session epoch keeps such a request from
+// running in a session that never asked for it:
+//
+//   - A freshly booted guest serves epoch 0.
+//   - After every restore the host picks a fresh random non-zero 64-bit
+//     epoch and sends it in the OpRestored handshake; the agent serves
+//     that epoch from then on. OpRestored is how the epoch changes, so it
+//     is never itself checked.
+//   - Every other host-opened request (OpExec, OpPut, OpGet, OpPoweroff)
+//     carries in Epoch the epoch of the session that opened it. The agent
+//     refuses one whose Epoch differs from the epoch it serves: it resets
+//     the stream with a message naming both values and runs nothing (see
+//     CheckEpoch).
+//   - OpHello is opened by the guest, so it carries no epoch.
+//   - A stream the agent already accepted keeps running when the epoch
+//     changes: the check is made once, when a request arrives.
 package agentproto
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 )
 
 // Version is bumped on any incompatible change to this package.
-const Version = 1
+// 2: the agent refuses host requests whose Epoch is not its session epoch.
+const Version = 2
 
 // Operations.
 const (
@@ -44,8 +68,11 @@ type Request struct {
 	StartMS   int64 `json:"start_ms,omitempty"`
 	ModulesMS int64 `json:"modules_ms,omitempty"`
 	HelloMS   int64 `json:"hello_ms,omitempty"`
+	// Epoch is the session epoch: on OpRestored the one the agent serves
+	// from now on, on every other host request the one of the session
+	// that opened it (0, and so omitted, for a freshly booted guest).
+	Epoch uint64 `json:"epoch,omitempty"`
 	// restored:
-	Epoch     uint64 `json:"epoch,omitempty"`
 	Fork      bool   `json:"fork,omitempty"`
 	Hostname  string `json:"hostname,omitempty"`
 	MachineID string `json:"machine_id,omitempty"`
@@ -69,6 +96,27 @@ func Decode(b []byte) (Request, error) {
 		return r, fmt.Errorf("unknown agent operation %q", r.Op)
 	}
 	return r, nil
+}
+
+// ErrStaleEpoch is what CheckEpoch wraps when a request belongs to
+// another session than the one the agent serves.
+var ErrStaleEpoch = errors.New("stale session epoch")
+
+// CheckEpoch decides whether the agent, serving session epoch current, may
+// run r; nil means yes. It is the whole epoch rule of the package comment,
+// kept free of I/O so it can be tested apart from the agent.
+func CheckEpoch(r Request, current uint64) error {
+	switch r.Op {
+	case OpRestored, OpHello:
+		// OpRestored sets the epoch; OpHello is the guest's own. Every
+		// other operation, including any added later, is checked: a new
+		// operation that forgot the rule should fail closed.
+		return nil
+	}
+	if r.Epoch != current {
+		return fmt.Errorf("%w %d (agent serves %d)", ErrStaleEpoch, r.Epoch, current)
+	}
+	return nil
 }
 
 // OKStatus is the close status of a transfer that moved n bytes.

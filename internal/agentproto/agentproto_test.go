@@ -1,0 +1,116 @@
+package agentproto
+
+import (
+	"errors"
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestCheckEpoch(t *testing.T) {
+	const restored = 0x9e3779b97f4a7c15 // a typical random post-restore epoch
+	tests := []struct {
+		name    string
+		req     Request
+		current uint64
+		wantErr string // "" = admitted
+	}{
+		// A freshly booted guest serves 0 and a fresh host stamps 0.
+		{"boot exec", Request{Op: OpExec, Command: "true"}, 0, ""},
+		{"boot put", Request{Op: OpPut, Path: "/x"}, 0, ""},
+		{"boot get", Request{Op: OpGet, Path: "/x"}, 0, ""},
+		{"boot poweroff", Request{Op: OpPoweroff}, 0, ""},
+
+		// After a restore only the new session's epoch is served.
+		{"restored exec", Request{Op: OpExec, Epoch: restored}, restored, ""},
+		{"restored poweroff", Request{Op: OpPoweroff, Epoch: restored}, restored, ""},
+		{"pre-restore exec", Request{Op: OpExec}, restored, "stale session epoch 0 (agent serves 11400714819323198485)"},
+		{"pre-restore put", Request{Op: OpPut, Epoch: 0}, 9, "stale session epoch 0 (agent serves 9)"},
+		{"pre-restore get", Request{Op: OpGet, Epoch: 5}, 9, "stale session epoch 5 (agent serves 9)"},
+		{"pre-restore poweroff", Request{Op: OpPoweroff, Epoch: 5}, 9, "stale session epoch 5 (agent serves 9)"},
+		{"request from a later session", Request{Op: OpExec, Epoch: 9}, 5, "stale session epoch 9 (agent serves 5)"},
+		{"epoch on a fresh guest", Request{Op: OpExec, Epoch: 9}, 0, "stale session epoch 9 (agent serves 0)"},
+		{"max epoch", Request{Op: OpExec, Epoch: math.MaxUint64}, math.MaxUint64, ""},
+		{"max epoch off by one", Request{Op: OpExec, Epoch: math.MaxUint64 - 1}, math.MaxUint64, "stale session epoch 18446744073709551614 (agent serves 18446744073709551615)"},
+
+		// The handshake is how the epoch changes, and hello is the guest's.
+		{"restored handshake from any epoch", Request{Op: OpRestored, Epoch: 9}, 5, ""},
+		{"restored handshake back to zero", Request{Op: OpRestored}, 5, ""},
+		{"hello", Request{Op: OpHello}, 5, ""},
+
+		// An operation nobody taught the rule fails closed.
+		{"unknown op", Request{Op: "future"}, 5, "stale session epoch 0 (agent serves 5)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckEpoch(tt.req, tt.current)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("CheckEpoch(%+v, %d) = %v, want admitted", tt.req, tt.current, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("CheckEpoch(%+v, %d) admitted, want %q", tt.req, tt.current, tt.wantErr)
+			}
+			if err.Error() != tt.wantErr {
+				t.Errorf("error %q, want %q", err, tt.wantErr)
+			}
+			if !errors.Is(err, ErrStaleEpoch) {
+				t.Errorf("error %v does not wrap ErrStaleEpoch", err)
+			}
+		})
+	}
+}
+
+// TestEpochOnTheWire checks that the epoch a host stamps survives the
+// metadata round trip, and that epoch 0 is what an old host's request
+// (no epoch field) decodes to.
+func TestEpochOnTheWire(t *testing.T) {
+	tests := []struct {
+		name      string
+		req       Request
+		wantField bool // whether "epoch" appears in the JSON
+	}{
+		{"zero omitted", Request{Op: OpExec, Command: "true"}, false},
+		{"exec", Request{Op: OpExec, Command: "true", Epoch: 7}, true},
+		{"put", Request{Op: OpPut, Path: "/f", Mode: 0o600, Epoch: 1 << 63}, true},
+		{"get", Request{Op: OpGet, Path: "/f", Epoch: math.MaxUint64}, true},
+		{"poweroff", Request{Op: OpPoweroff, Epoch: 3}, true},
+		{"restored", Request{Op: OpRestored, Epoch: 42, Fork: true, Hostname: "h"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := tt.req.Encode()
+			if got := strings.Contains(string(b), `"epoch"`); got != tt.wantField {
+				t.Errorf("%s: epoch field present = %v, want %v", b, got, tt.wantField)
+			}
+			back, err := Decode(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if back != tt.req {
+				t.Fatalf("round trip: got %+v, want %+v", back, tt.req)
+			}
+		})
+	}
+}
+
+func TestDecodeRejects(t *testing.T) {
+	tests := []struct {
+		name, meta, want string
+	}{
+		{"not JSON", "exec", "decoding agent request"},
+		{"unknown op", `{"op":"format"}`, `unknown agent operation "format"`},
+		{"negative epoch", `{"op":"exec","epoch":-1}`, "decoding agent request"},
+		{"epoch too large", `{"op":"exec","epoch":18446744073709551616}`, "decoding agent request"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode([]byte(tt.meta))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Decode(%s) = %v, want error containing %q", tt.meta, err, tt.want)
+			}
+		})
+	}
+}
