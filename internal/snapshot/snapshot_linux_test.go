@@ -207,42 +207,107 @@ func TestZeroChunkCRC(t *testing.T) {
 }
 
 // TestDataChunks checks that hole chunks are recognised as holes, i.e.
-// never read. It needs a filesystem that reports holes; tmpfs, ext4, xfs
-// and btrfs all do.
+// never read. A mismatch fails: the files are made on tmpfs (/dev/shm)
+// when the machine has one, because tmpfs reports holes page by page
+// wherever TMPDIR points, so a wrong answer there is a dataChunks bug, not
+// a filesystem that reports holes coarsely.
 func TestDataChunks(t *testing.T) {
-	f, err := os.Create(filepath.Join(t.TempDir(), "ram"))
-	if err != nil {
-		t.Fatal(err)
+	dir, fsType := holeExactDir(t)
+	type extent struct{ off, len int64 }
+	tests := []struct {
+		name    string
+		size    int64
+		extents []extent
+		want    []int // chunks holding data
+	}{
+		{"scattered runs", testRAMSize, func() []extent {
+			var es []extent
+			for _, e := range ramExtents {
+				es = append(es, extent{e.off, e.len})
+			}
+			return es
+		}(), []int{5, 6, 7, 17, 18, 63}},
+		{"all hole", 8 << 20, nil, nil},
+		{"all data", 3 << 20, []extent{{0, 3 << 20}}, []int{0, 1, 2}},
+		{"two bytes across a chunk boundary", 4 << 20, []extent{{2<<20 - 1, 2}}, []int{1, 2}},
+		{"one page inside a chunk", 8 << 20, []extent{{4<<20 + 8<<10, 4 << 10}}, []int{4}},
+		{"data in a short last chunk", 2<<20 + 4096, []extent{{2 << 20, 4096}}, []int{2}},
+		{"hole in a short last chunk", 2<<20 + 4096, []extent{{0, 4096}}, []int{0}},
 	}
-	defer f.Close()
-	writeSparseRAM(t, f)
-	data, err := dataChunks(f, testRAMSize)
-	if err != nil {
-		t.Fatal(err)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f, err := os.CreateTemp(dir, "ram-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := f.Truncate(tt.size); err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range tt.extents {
+				if _, err := f.WriteAt(randBytes(t, e.len), e.off); err != nil {
+					t.Fatal(err)
+				}
+			}
+			data, err := dataChunks(f, tt.size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n := chunkCount(tt.size); int64(len(data)) != n {
+				t.Fatalf("%d chunk flags for %d bytes, want %d", len(data), tt.size, n)
+			}
+			var got []int
+			for i, d := range data {
+				if d {
+					got = append(got, i)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(tt.want) {
+				t.Fatalf("data chunks %v, want %v (file in %s, %s)", got, tt.want, dir, fsType)
+			}
+		})
 	}
-	var got []int
-	for i, d := range data {
-		if d {
-			got = append(got, i)
+	t.Run("hole chunk CRCs", func(t *testing.T) {
+		// A short last chunk in a hole has the CRC of its own length of zeros.
+		g, err := os.Create(filepath.Join(dir, "short"))
+		if err != nil {
+			t.Fatal(err)
 		}
+		defer g.Close()
+		if err := g.Truncate(ChunkSize + 4096); err != nil {
+			t.Fatal(err)
+		}
+		crcs, err := ramChunkCRCs(context.Background(), g, ChunkSize+4096)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(crcs) != 2 || crcs[0] != ZeroChunkCRC() || crcs[1] != crc32.Checksum(make([]byte, 4096), crc32c) {
+			t.Fatalf("hole chunk crcs %08x", crcs)
+		}
+	})
+}
+
+// holeExactDir returns a fresh directory for files whose holes must be
+// reported exactly, and a description of its filesystem for failure
+// messages: a directory on the tmpfs at /dev/shm when there is one
+// (tmpfs reports holes per page unless huge pages are forced on shmem),
+// else t.TempDir(), whose filesystem may or may not be exact.
+func holeExactDir(t *testing.T) (string, string) {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &st); err == nil && st.Type == unix.TMPFS_MAGIC {
+		dir, err := os.MkdirTemp("/dev/shm", "nether-snapshot-test-")
+		if err == nil {
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			return dir, "tmpfs"
+		}
+		t.Logf("cannot use tmpfs /dev/shm (%v); the sparse file goes to the test's temporary directory", err)
 	}
-	if want := []int{5, 6, 7, 17, 18, 63}; fmt.Sprint(got) != fmt.Sprint(want) {
-		t.Skipf("data chunks %v, want %v (filesystem with coarse hole reporting?)", got, want)
+	dir := t.TempDir()
+	if err := unix.Statfs(dir, &st); err != nil {
+		return dir, fmt.Sprintf("filesystem unknown: %v", err)
 	}
-	// A short last chunk in a hole has the CRC of its own length of zeros.
-	g, err := os.Create(filepath.Join(t.TempDir(), "short"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	g.Truncate(ChunkSize + 4096)
-	crcs, err := ramChunkCRCs(context.Background(), g, ChunkSize+4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if crcs[0] != ZeroChunkCRC() || crcs[1] != crc32.Checksum(make([]byte, 4096), crc32c) {
-		t.Fatalf("hole chunk crcs %08x", crcs)
-	}
+	return dir, fmt.Sprintf("filesystem magic %#x, not tmpfs", st.Type)
 }
 
 // rewriteMeta edits meta.json as generic JSON and re-signs the marker, to
