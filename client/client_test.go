@@ -1,58 +1,29 @@
 package client
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
-	"net"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nethersandbox/nether/internal/controltest"
 	"github.com/nethersandbox/nether/internal/frame"
 )
 
 // fakeServer answers __info__ with report (framed) and hands every other
 // line to handle, which writes raw wire bytes. handle returning false
 // closes the connection.
-func fakeServer(t *testing.T, report string, handle func(line string, c net.Conn) bool) string {
+func fakeServer(t *testing.T, report string, handle controltest.Handler) string {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "ctl.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					line = strings.TrimSuffix(line, "\n")
-					if line == "__info__" {
-						c.Write(frame.Framed(report, 0))
-						continue
-					}
-					if !handle(line, c) {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return sock
+	return controltest.Server{Info: report, Handle: handle}.Start(t)
 }
+
+// always keeps the connection open without replying.
+func always(string, io.Writer) bool { return true }
 
 const v2Report = "proto_version=2\nbackend=kvm\narch=x86_64\nmax_output_bytes=1048576\n"
 
@@ -78,7 +49,7 @@ func run(t *testing.T, c *Client, line string) (int, string, error) {
 }
 
 func TestHandshake(t *testing.T) {
-	sock := fakeServer(t, v2Report, func(string, net.Conn) bool { return true })
+	sock := fakeServer(t, v2Report, always)
 	c := dial(t, sock)
 	if c.ProtoVersion() != 2 {
 		t.Fatalf("ProtoVersion = %d", c.ProtoVersion())
@@ -109,7 +80,7 @@ func TestHandshakeLimits(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := dial(t, fakeServer(t, tt.report, func(string, net.Conn) bool { return true }))
+			c := dial(t, fakeServer(t, tt.report, always))
 			if c.ProtoVersion() != tt.proto || c.fr.Limit != tt.limit {
 				t.Fatalf("proto %d limit %d, want %d %d", c.ProtoVersion(), c.fr.Limit, tt.proto, tt.limit)
 			}
@@ -118,20 +89,8 @@ func TestHandshakeLimits(t *testing.T) {
 }
 
 func TestHandshakeRejected(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "ctl.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			c.Write(frame.Framed("ERR too many clients", -1))
-			c.Close()
-		}
-	}()
-	_, err = Dial(context.Background(), sock)
+	sock := controltest.Server{Refuse: frame.Framed("ERR too many clients", -1)}.Start(t)
+	_, err := Dial(context.Background(), sock)
 	var ce *ControlError
 	if !errors.As(err, &ce) || ce.Msg != "ERR too many clients" {
 		t.Fatalf("Dial error = %v", err)
@@ -155,7 +114,7 @@ func TestRunV2(t *testing.T) {
 		"errexit0":    []byte("ERR-looking output\n\x1e0\n"),
 		"__put__ a b": frame.Framed("OK put 3 bytes", 0),
 	}
-	sock := fakeServer(t, v2Report, func(line string, c net.Conn) bool {
+	sock := fakeServer(t, v2Report, func(line string, c io.Writer) bool {
 		r, ok := replies[line]
 		if !ok {
 			r = frame.Framed("ERR unexpected "+line, -1)
@@ -203,7 +162,7 @@ func TestRunV2(t *testing.T) {
 }
 
 func TestQuery(t *testing.T) {
-	sock := fakeServer(t, v2Report, func(line string, c net.Conn) bool {
+	sock := fakeServer(t, v2Report, func(line string, c io.Writer) bool {
 		c.Write(frame.Framed("uptime_ms=5\ncommands=0", 0))
 		return true
 	})
@@ -216,7 +175,7 @@ func TestQuery(t *testing.T) {
 
 func TestBodyOverLimitDrained(t *testing.T) {
 	big := strings.Repeat("0123456789", 100_000) // 1 MB, escaped-safe
-	sock := fakeServer(t, v2Report, func(line string, c net.Conn) bool {
+	sock := fakeServer(t, v2Report, func(line string, c io.Writer) bool {
 		switch line {
 		case "big":
 			c.Write([]byte(big))
@@ -243,7 +202,7 @@ func TestBodyOverLimitDrained(t *testing.T) {
 }
 
 func TestV1Fallback(t *testing.T) {
-	sock := fakeServer(t, "proto_version=1\n", func(line string, c net.Conn) bool {
+	sock := fakeServer(t, "proto_version=1\n", func(line string, c io.Writer) bool {
 		switch line {
 		case "__put__ a b":
 			c.Write([]byte("OK put\n"))
@@ -291,7 +250,7 @@ func TestV1Fallback(t *testing.T) {
 }
 
 func TestServerClosesMidFrame(t *testing.T) {
-	sock := fakeServer(t, v2Report, func(line string, c net.Conn) bool {
+	sock := fakeServer(t, v2Report, func(line string, c io.Writer) bool {
 		c.Write([]byte("partial output"))
 		return false
 	})
@@ -309,7 +268,7 @@ func TestServerClosesMidFrame(t *testing.T) {
 }
 
 func TestMalformedTrailer(t *testing.T) {
-	sock := fakeServer(t, v2Report, func(line string, c net.Conn) bool {
+	sock := fakeServer(t, v2Report, func(line string, c io.Writer) bool {
 		c.Write([]byte("x\x1ebogus\n"))
 		return true
 	})
@@ -320,7 +279,7 @@ func TestMalformedTrailer(t *testing.T) {
 }
 
 func TestContextDeadlineAndCancel(t *testing.T) {
-	sock := fakeServer(t, v2Report, func(line string, c net.Conn) bool {
+	sock := fakeServer(t, v2Report, func(line string, c io.Writer) bool {
 		return true // never reply
 	})
 	t.Run("deadline", func(t *testing.T) {
@@ -345,7 +304,7 @@ func TestContextDeadlineAndCancel(t *testing.T) {
 }
 
 func TestStreamed(t *testing.T) {
-	sock := fakeServer(t, v2Report, func(line string, c net.Conn) bool {
+	sock := fakeServer(t, v2Report, func(line string, c io.Writer) bool {
 		switch line {
 		case "__events__ 3":
 			c.Write([]byte("EVENTS 5\n4 CMD ls\n"))
@@ -393,7 +352,7 @@ func TestStreamed(t *testing.T) {
 }
 
 func TestInvalidCommand(t *testing.T) {
-	c := dial(t, fakeServer(t, v2Report, func(string, net.Conn) bool { return true }))
+	c := dial(t, fakeServer(t, v2Report, always))
 	for _, line := range []string{"true\nreboot", "echo \x1e0", "x\x00"} {
 		if _, _, err := run(t, c, line); !errors.Is(err, ErrInvalidCommand) {
 			t.Errorf("Run(%q) = %v", line, err)

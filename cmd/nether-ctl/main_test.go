@@ -1,57 +1,31 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
-	"net"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/nethersandbox/nether/internal/controltest"
 	"github.com/nethersandbox/nether/internal/frame"
 )
 
+// fakeNether answers a few lines the way nether would, and echoes any
+// other line back framed, so a test can see the line nether-ctl sent.
 func fakeNether(t *testing.T) string {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "n.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil {
-						return
-					}
-					switch line = strings.TrimSpace(line); line {
-					case "__info__":
-						c.Write(frame.Framed("proto_version=2\nmax_output_bytes=4", 0))
-					case "exit 3":
-						c.Write([]byte("out\x1f^put\n\x1e3\n"))
-					case "__bogus__":
-						c.Write(frame.Framed("ERR unknown command __bogus__", -1))
-					default:
-						c.Write(frame.Framed("echo:"+line, 0))
-					}
-				}
-			}()
-		}
-	}()
-	return sock
+	return controltest.Server{
+		Info: "proto_version=2\nmax_output_bytes=4",
+		Handle: controltest.Replies(map[string][]byte{
+			"exit 3":    []byte("out\x1f^put\n\x1e3\n"),
+			"__bogus__": frame.Framed("ERR unknown command __bogus__", -1),
+		}, func(line string) []byte { return frame.Framed("echo:"+line, 0) }),
+	}.Start(t)
 }
 
 func TestRun(t *testing.T) {
 	sock := fakeNether(t)
+	refusing := controltest.Server{Refuse: frame.Framed("ERR too many clients (limit 16)", -1)}.Start(t)
 	tests := []struct {
 		name       string
 		args       []string
@@ -62,6 +36,7 @@ func TestRun(t *testing.T) {
 		{"guest exit propagates", []string{sock, "exit", "3"}, 3, "out\x1eput\n", ""},
 		{"args joined", []string{"-timeout", "5s", sock, "ls", "-la", "/tmp"}, 0, "echo:ls -la /tmp\n", ""},
 		{"control error", []string{sock, "__bogus__"}, exitFailure, "", "ERR unknown command __bogus__\n"},
+		{"refused at connect", []string{refusing, "__info__"}, exitFailure, "", "ERR too many clients (limit 16)\n"},
 		{"missing socket", []string{filepath.Join(t.TempDir(), "x.sock"), "__info__"}, exitFailure, "", "is nether running with control_socket= set?"},
 		{"no command", []string{sock}, exitFailure, "", "need a socket path and a command"},
 		{"bad flag", []string{"-bogus", sock, "ls"}, exitFailure, "", "--help"},

@@ -45,18 +45,20 @@ func (m *Meter) In(n int) { m.bytesIn.Add(uint64(n)) }
 func (m *Meter) Out(n int) { m.bytesOut.Add(uint64(n)) }
 
 // Record is one reading of every metered field.
+//
+// The network counters of the reports (net_tx, net_rx, net_blocked) have
+// no field: this build gives the guest no network (nether.conf refuses the
+// net keys), so they are always 0. The reports still carry them, because
+// the control protocol lists them and platforms parse them.
 type Record struct {
-	UptimeMS   int64
-	CPUMS      int64
-	MemPeakMB  int64
-	RAMMB      int
-	CPUs       int
-	Commands   uint64
-	BytesIn    uint64
-	BytesOut   uint64
-	NetTx      uint64
-	NetRx      uint64
-	NetBlocked uint64
+	UptimeMS  int64
+	CPUMS     int64
+	MemPeakMB int64
+	RAMMB     int
+	CPUs      int
+	Commands  uint64
+	BytesIn   uint64
+	BytesOut  uint64
 }
 
 // Read takes a reading.
@@ -84,7 +86,7 @@ func (r Record) Stats() string {
 		{"uptime_ms", r.UptimeMS}, {"cpu_ms", r.CPUMS}, {"mem_peak_mb", r.MemPeakMB},
 		{"ram_mb", r.RAMMB}, {"cpus", r.CPUs}, {"commands", r.Commands},
 		{"bytes_in", r.BytesIn}, {"bytes_out", r.BytesOut},
-		{"net_tx_bytes", r.NetTx}, {"net_rx_bytes", r.NetRx}, {"net_blocked", r.NetBlocked},
+		{"net_tx_bytes", 0}, {"net_rx_bytes", 0}, {"net_blocked", 0},
 	} {
 		fmt.Fprintf(&b, "%s=%v\n", kv[0], kv[1])
 	}
@@ -94,8 +96,8 @@ func (r Record) Stats() string {
 // Fields renders the record's fields on one line, as the final usage
 // record carries them.
 func (r Record) Fields() string {
-	return fmt.Sprintf("uptime_ms=%d cpu_ms=%d mem_peak_mb=%d ram_mb=%d cpus=%d commands=%d bytes_in=%d bytes_out=%d net_tx=%d net_rx=%d net_blocked=%d",
-		r.UptimeMS, r.CPUMS, r.MemPeakMB, r.RAMMB, r.CPUs, r.Commands, r.BytesIn, r.BytesOut, r.NetTx, r.NetRx, r.NetBlocked)
+	return fmt.Sprintf("uptime_ms=%d cpu_ms=%d mem_peak_mb=%d ram_mb=%d cpus=%d commands=%d bytes_in=%d bytes_out=%d net_tx=0 net_rx=0 net_blocked=0",
+		r.UptimeMS, r.CPUMS, r.MemPeakMB, r.RAMMB, r.CPUs, r.Commands, r.BytesIn, r.BytesOut)
 }
 
 // Stop reasons in the final record.

@@ -39,3 +39,54 @@ func TestFinalLine(t *testing.T) {
 		}
 	}
 }
+
+// TestStats pins the whole __stats__ body, network counters included:
+// the control protocol lists every key, so a platform may parse any.
+func TestStats(t *testing.T) {
+	tests := []struct {
+		name string
+		r    Record
+		want string
+	}{
+		{"zero", Record{}, "uptime_ms=0\ncpu_ms=0\nmem_peak_mb=0\nram_mb=0\ncpus=0\ncommands=0\nbytes_in=0\nbytes_out=0\nnet_tx_bytes=0\nnet_rx_bytes=0\nnet_blocked=0\n"},
+		{"every field", Record{UptimeMS: 1, CPUMS: 2, MemPeakMB: 3, RAMMB: 4, CPUs: 5, Commands: 6, BytesIn: 7, BytesOut: 8},
+			"uptime_ms=1\ncpu_ms=2\nmem_peak_mb=3\nram_mb=4\ncpus=5\ncommands=6\nbytes_in=7\nbytes_out=8\nnet_tx_bytes=0\nnet_rx_bytes=0\nnet_blocked=0\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.r.Stats(); got != tt.want {
+				t.Fatalf("Stats =\n%s\nwant\n%s", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestRead checks what a reading takes from the engine's usage source:
+// nothing before there is one, and peak RSS rounded up to whole MiB.
+func TestRead(t *testing.T) {
+	tests := []struct {
+		name      string
+		usage     *engine.Usage // nil: no source set
+		wantCPU   int64
+		wantPeakM int64
+	}{
+		{"no usage source yet", nil, 0, 0},
+		{"zero usage", &engine.Usage{}, 0, 0},
+		{"one byte is a MiB", &engine.Usage{PeakRSS: 1}, 0, 1},
+		{"exactly one MiB", &engine.Usage{CPU: 999 * time.Microsecond, PeakRSS: 1 << 20}, 0, 1},
+		{"a byte over", &engine.Usage{CPU: time.Second, PeakRSS: 1<<20 + 1}, 1000, 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			m := New(func() time.Time { return time.Unix(0, 0) }, 256, 1)
+			if tt.usage != nil {
+				u := *tt.usage
+				m.SetUsage(func() engine.Usage { return u })
+			}
+			r := m.Read()
+			if r.CPUMS != tt.wantCPU || r.MemPeakMB != tt.wantPeakM || r.RAMMB != 256 || r.CPUs != 1 {
+				t.Fatalf("Read = %+v, want cpu_ms %d, mem_peak_mb %d, ram_mb 256, cpus 1", r, tt.wantCPU, tt.wantPeakM)
+			}
+		})
+	}
+}
