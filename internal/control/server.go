@@ -244,25 +244,6 @@ func (s *Server) release(c *client) {
 	}
 }
 
-func peerUID(conn *net.UnixConn) (int, error) {
-	raw, err := conn.SyscallConn()
-	if err != nil {
-		return -1, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	err = raw.Control(func(fd uintptr) {
-		cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	})
-	if err != nil {
-		return -1, err
-	}
-	if cerr != nil {
-		return -1, cerr
-	}
-	return int(cred.Uid), nil
-}
-
 // peerClosed reports whether the client has closed its end with nothing
 // left unread: a zero-byte peek. A client that sent a command and then
 // closed still counts as connected until that command has been read.
