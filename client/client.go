@@ -257,7 +257,10 @@ func (c *Client) Run(ctx context.Context, line string, out io.Writer) (exit int,
 	}
 	mode := readFramed
 	if tok, _, _ := strings.Cut(strings.TrimSpace(line), " "); tok != "" {
-		if info, ok := cmdline.Lookup(tok); ok && info.Streamed {
+		// The table knows every verb of the protocol, including those a
+		// given server does not serve: an unserved one answers a framed
+		// ERR, which the streamed read recognises.
+		if spec, ok := cmdline.Lookup(tok); ok && spec.Reply == cmdline.Streamed {
 			mode = readStreamed
 		}
 	}

@@ -88,52 +88,171 @@ func TestUnknownTokenTruncated(t *testing.T) {
 	}
 }
 
-func TestCommandClassification(t *testing.T) {
+func TestTableClassification(t *testing.T) {
 	tests := []struct {
-		line              string
-		primary, streamed bool
+		name   string
+		access Access
+		reply  Shape
 	}{
-		{"ls", true, false},
-		{"__info__", false, false},
-		{"__stats__", false, false},
-		{"__help__", false, false},
-		{"__events__ 3", false, true},
-		{"__screen__", false, true},
-		{"__screendiff__", true, true},
-		{"__frame__", false, true},
-		{"__framediff__", true, true},
-		{"__shutdown__", true, false},
-		{"__put__ a b", true, false},
-		{"__get__ a b", true, false},
-		{"__snapshot__", true, false},
-		{"__park__", true, false},
+		{Shell, PrimaryOnly, Framed},
+		{"__info__", AnyClient, Framed},
+		{"__stats__", AnyClient, Framed},
+		{"__help__", AnyClient, Framed},
+		{"__events__", AnyClient, Streamed},
+		{"__cmdlog__", AnyClient, Streamed},
+		{"__netlog__", AnyClient, Streamed},
+		{"__screen__", AnyClient, Streamed},
+		{"__screendiff__", PrimaryOnly, Streamed},
+		{"__frame__", AnyClient, Streamed},
+		{"__framediff__", PrimaryOnly, Streamed},
+		{"__shutdown__", PrimaryOnly, Framed},
+		{"__put__", PrimaryOnly, Framed},
+		{"__get__", PrimaryOnly, Framed},
+		{"__snapshot__", PrimaryOnly, Framed},
+		{"__park__", PrimaryOnly, Framed},
+	}
+	if n := len(Protocol()); n != len(tests) {
+		t.Fatalf("the table has %d entries, the test knows %d: classify the new ones here", n, len(tests))
 	}
 	for _, tt := range tests {
-		t.Run(tt.line, func(t *testing.T) {
-			c, err := Parse(tt.line)
-			if err != nil {
-				t.Fatal(err)
+		t.Run(tt.name, func(t *testing.T) {
+			sp, ok := Lookup(tt.name)
+			if !ok {
+				t.Fatalf("%q is not in the table", tt.name)
 			}
-			if c.Primary() != tt.primary || c.Streamed() != tt.streamed {
-				t.Fatalf("primary=%v streamed=%v, want %v %v", c.Primary(), c.Streamed(), tt.primary, tt.streamed)
+			if sp.Access != tt.access || sp.Reply != tt.reply {
+				t.Fatalf("%q: access %v reply %v, want %v %v", tt.name, sp.Access, sp.Reply, tt.access, tt.reply)
 			}
 		})
 	}
 }
 
-func TestKnownComplete(t *testing.T) {
-	want := strings.Fields("__info__ __stats__ __help__ __shutdown__ __put__ __get__ __snapshot__ __park__ __events__ __cmdlog__ __netlog__ __screen__ __screendiff__ __frame__ __framediff__")
-	if len(Known) != len(want) {
-		t.Fatalf("Known has %d entries, want %d", len(Known), len(want))
+// The table itself: unique names, a summary each, sane argument ranges,
+// and verbs in the reserved namespace (the parser routes on the prefix).
+func TestTableWellFormed(t *testing.T) {
+	seen := map[string]bool{}
+	for _, sp := range Protocol() {
+		t.Run("entry "+sp.Usage(), func(t *testing.T) {
+			if seen[sp.Name] {
+				t.Fatalf("%q listed twice", sp.Name)
+			}
+			seen[sp.Name] = true
+			if sp.Summary == "" {
+				t.Error("no summary")
+			}
+			if sp.Name != Shell && (!strings.HasPrefix(sp.Name, "__") || !strings.HasSuffix(sp.Name, "__") || strings.ContainsFunc(sp.Name, isBlank)) {
+				t.Errorf("%q is not a __name__ verb", sp.Name)
+			}
+			if sp.Args.Min < 0 || sp.Args.Max < sp.Args.Min {
+				t.Errorf("argument range %d..%d", sp.Args.Min, sp.Args.Max)
+			}
+			if (sp.Args.Max > 0) != (sp.Args.Synopsis != "") {
+				t.Errorf("synopsis %q does not match at most %d arguments", sp.Args.Synopsis, sp.Args.Max)
+			}
+			if sp.Name == Shell && (sp.Args.Max != 0 || sp.Args.Check != nil || sp.Reply != Framed) {
+				t.Errorf("the shell entry has argument rules or a streamed reply: %+v", sp)
+			}
+		})
 	}
-	help := HelpText()
-	for _, name := range want {
-		in, ok := Lookup(name)
-		if !ok || in.Summary == "" {
-			t.Errorf("%s missing or without summary", name)
+}
+
+func TestSetParse(t *testing.T) {
+	served, err := NewSet("__info__", "__put__", "__snapshot__", Shell)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		line    string
+		want    Command
+		wantErr error
+		msg     string
+	}{
+		{line: "__info__", want: Command{Name: "__info__"}},
+		{line: "__put__ a b", want: Command{Name: "__put__", Args: []string{"a", "b"}}},
+		{line: "__snapshot__", want: Command{Name: "__snapshot__"}},
+		{line: "echo hi", want: Command{Shell: "echo hi"}},
+		// A protocol verb the set does not serve is unknown, exactly like
+		// a verb no protocol defines: same sentinel, same text.
+		{line: "__events__", wantErr: ErrUnknownCommand, msg: "unknown command __events__"},
+		{line: "__events__ -1", wantErr: ErrUnknownCommand, msg: "unknown command __events__"},
+		{line: "__get__ a b", wantErr: ErrUnknownCommand, msg: "unknown command __get__"},
+		{line: "__bogus__", wantErr: ErrUnknownCommand, msg: "unknown command __bogus__"},
+		// Argument rules still apply to what is served.
+		{line: "__put__ a", wantErr: ErrArgs},
+		{line: "__snapshot__ a b", wantErr: ErrArgs},
+	}
+	for _, tt := range tests {
+		t.Run(tt.line, func(t *testing.T) {
+			got, err := served.Parse(tt.line)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) || (tt.msg != "" && err.Error() != tt.msg) {
+					t.Fatalf("error %v, want %v %q", err, tt.wantErr, tt.msg)
+				}
+				return
+			}
+			if err != nil || !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("got %#v, %v; want %#v", got, err, tt.want)
+			}
+		})
+	}
+
+	t.Run("no shell served", func(t *testing.T) {
+		s, err := NewSet("__info__")
+		if err != nil {
+			t.Fatal(err)
 		}
-		if !strings.Contains(help, name) {
-			t.Errorf("HelpText lacks %s", name)
+		if _, err := s.Parse("ls"); !errors.Is(err, ErrUnknownCommand) {
+			t.Fatalf("a shell line on a shell-less set: %v", err)
+		}
+	})
+}
+
+func TestNewSetRejects(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		names []string
+	}{
+		{"verb outside the protocol", []string{"__info__", "__bogus__"}},
+		{"name twice", []string{"__info__", "__info__"}},
+		{"shell twice", []string{Shell, Shell}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if s, err := NewSet(tc.names...); err == nil {
+				t.Fatalf("NewSet(%q) = %v, want an error", tc.names, s.Specs())
+			}
+		})
+	}
+}
+
+// Help lists exactly what a set serves, in table order, and tags the
+// access and shape from the table.
+func TestSetHelp(t *testing.T) {
+	s, err := NewSet(Shell, "__put__", "__help__", "__screendiff__")
+	if err != nil {
+		t.Fatal(err)
+	}
+	help := s.Help()
+	lines := strings.Split(strings.TrimSuffix(help, "\n"), "\n")
+	want := []struct{ prefix, tags string }{
+		{"__help__ ", ""},
+		{"__screendiff__ ", " [primary only, streamed]"},
+		{"__put__ <hostpath> <guestpath> ", " [primary only]"},
+		{"<anything else> ", " [primary only]"},
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("help has %d lines, want %d:\n%s", len(lines), len(want), help)
+	}
+	for i, w := range want {
+		if !strings.HasPrefix(lines[i], w.prefix) {
+			t.Errorf("line %d = %q, want prefix %q", i, lines[i], w.prefix)
+		}
+		if w.tags == "" && strings.Contains(lines[i], "[") || w.tags != "" && !strings.HasSuffix(lines[i], w.tags) {
+			t.Errorf("line %d = %q, want tags %q", i, lines[i], w.tags)
+		}
+	}
+	for _, absent := range []string{"__info__", "__events__", "__get__"} {
+		if strings.Contains(help, absent) {
+			t.Errorf("help lists %s, which the set does not serve", absent)
 		}
 	}
 }

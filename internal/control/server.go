@@ -79,6 +79,9 @@ type Server struct {
 	BoundaryWait time.Duration
 	MaxClients   int
 
+	// cmds is what this build serves: the parser and __help__ read it.
+	cmds *cmdline.Set
+
 	ln       *net.UnixListener
 	path     string
 	sockIno  uint64
@@ -92,10 +95,17 @@ type Server struct {
 
 // New makes a server; Listen binds it.
 func New(log *slog.Logger, b Backend, m *meter.Meter, maxOutput int64) *Server {
+	cmds, err := servedSet()
+	if err != nil {
+		// A handler for a verb the table lacks is a programming error
+		// that TestHandlersMatchTable catches before any build ships.
+		panic(err)
+	}
 	return &Server{
 		log: log, backend: b, meter: m, maxOut: maxOutput,
 		AgentWait: DefaultAgentWait, WedgedAfter: DefaultWedgedAfter,
 		BoundaryWait: DefaultBoundaryWait, MaxClients: DefaultMaxClients,
+		cmds:    cmds,
 		clients: map[*client]struct{}{}, uid: os.Getuid(),
 	}
 }
@@ -269,7 +279,7 @@ type client struct {
 
 	wmu    sync.Mutex    // serialises every write to conn
 	frame  chan struct{} // held from a relayed reply's first byte to its trailer
-	work   chan cmdline.Command
+	work   chan job
 	done   chan struct{}
 	once   sync.Once
 	ctx    context.Context
@@ -280,7 +290,7 @@ func newClient(s *Server, conn *net.UnixConn) *client {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &client{
 		s: s, conn: conn, frame: make(chan struct{}, 1),
-		work: make(chan cmdline.Command, 64), done: make(chan struct{}),
+		work: make(chan job, 64), done: make(chan struct{}),
 		ctx: ctx, cancel: cancel,
 	}
 }
@@ -360,7 +370,7 @@ func (c *client) readLoop() {
 			c.drop("disconnected")
 			return
 		}
-		cmd, perr := cmdline.Parse(line)
+		cmd, perr := c.s.cmds.Parse(line)
 		if errors.Is(perr, cmdline.ErrEmpty) {
 			continue // blank lines are keep-alives, not commands
 		}
@@ -372,60 +382,14 @@ func (c *client) readLoop() {
 	}
 }
 
-// dispatch answers queries at once and queues driving work, so a query
-// sent while a command streams is answered at the next frame boundary
-// instead of after the command.
-func (c *client) dispatch(cmd cmdline.Command) {
-	switch cmd.Name {
-	case "__info__":
-		c.reply(c.s.backend.Info(), 0)
-		return
-	case "__stats__":
-		c.reply(c.s.meter.Read().Stats(), 0)
-		return
-	case "__help__":
-		c.reply(fmt.Sprintf("proto_version=%d\n%s", ProtoVersion, cmdline.HelpText()), 0)
-		return
-	}
-	if cmd.Primary() && !c.primary {
-		name := cmd.Name
-		if name == "" {
-			name = "a shell command"
-		}
-		c.errReply("read-only observer: %s needs the primary client", name)
-		return
-	}
-	switch cmd.Name {
-	case "", "__put__", "__get__", "__shutdown__", "__snapshot__", "__park__":
-		select {
-		case c.work <- cmd:
-		case <-c.done:
-		}
-	default:
-		c.errReply("%s is not available in this build yet", cmd.Name)
-	}
-}
-
 func (c *client) workLoop() {
-	for cmd := range c.work {
+	for j := range c.work {
 		if c.ctx.Err() != nil {
 			// The client left: what it queued behind the running command
 			// must not drive the guest on behalf of nobody.
 			continue
 		}
-		switch cmd.Name {
-		case "":
-			c.runShell(cmd.Shell)
-		case "__put__":
-			c.transfer(cmd, c.s.backend.Put)
-		case "__get__":
-			c.transfer(cmd, c.s.backend.Get)
-		case "__shutdown__":
-			c.reply("OK shutting down", 0)
-			c.s.backend.Shutdown()
-		case "__snapshot__", "__park__":
-			c.capture(cmd)
-		}
+		j.h.run(c, j.cmd)
 	}
 }
 
@@ -439,7 +403,7 @@ func (c *client) capture(cmd cmdline.Command) {
 	if len(cmd.Args) > 0 {
 		path = cmd.Args[0]
 	}
-	name := strings.Trim(cmd.Name, "_")
+	name := verb(cmd)
 	if cmd.Name == "__park__" {
 		body, err := c.s.backend.Park(context.Background(), path)
 		if err != nil {
@@ -478,11 +442,11 @@ func (c *client) transfer(cmd cmdline.Command, op func(context.Context, string, 
 	// half-done transfer is cleaned up by the side that receives it.
 	n, err := op(context.Background(), cmd.Args[0], cmd.Args[1])
 	if err != nil {
-		c.errReply("%s: %v", strings.Trim(cmd.Name, "_"), err)
+		c.errReply("%s: %v", verb(cmd), err)
 		return
 	}
 	c.s.meter.Command()
-	c.reply(fmt.Sprintf("OK %s %d bytes", strings.Trim(cmd.Name, "_"), n), 0)
+	c.reply(fmt.Sprintf("OK %s %d bytes", verb(cmd), n), 0)
 }
 
 // runShell relays a command: output escaped and bounded as it streams,

@@ -622,7 +622,11 @@ func TestRejectedLinesKeepConnection(t *testing.T) {
 		{"over-long line", strings.Repeat("a", 70000), tooLong},
 		{"one byte over MaxLine", "echo " + strings.Repeat("a", cmdline.MaxLine-4), tooLong},
 		{"over-long reserved line", "__put__ " + strings.Repeat("a", 200<<10) + " b", tooLong},
-		{"streamed command not built", "__events__", "ERR __events__ is not available"},
+		// Verbs of the protocol this build does not serve are unknown,
+		// exactly like verbs no protocol defines.
+		{"streamed command not served", "__events__", "ERR unknown command __events__"},
+		{"unserved command with a valid arg", "__events__ 3", "ERR unknown command __events__"},
+		{"unserved primary-only command", "__framediff__", "ERR unknown command __framediff__"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := c.roundTrip(tc.line)

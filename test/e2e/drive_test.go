@@ -147,7 +147,7 @@ func TestDrive(t *testing.T) {
 			{"__bogus__", "unknown command"},
 			{"__get__ a b c", "exactly 2"},
 			{"__put__ onlyone", "exactly 2"},
-			{"__events__", "not available"},
+			{"__events__", "unknown command"}, // a protocol verb this build does not serve
 			{"__snapshot__ a b", "argument"},
 		} {
 			t.Run(tc.line, func(t *testing.T) {
