@@ -1,6 +1,9 @@
 package control
 
 import (
+	"context"
+	"errors"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -136,4 +139,89 @@ func TestServedCommandsFollowTable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The root context passed to Serve: Backend calls and client waits derive
+// from it, and cancelling it stops the server accepting.
+func TestRootContext(t *testing.T) {
+	t.Run("Serve returns when ctx ends", func(t *testing.T) {
+		h := start(t, newFake(), 0, nil)
+		h.dial(t).roundTrip("__info__")
+		h.cancel()
+		select {
+		case <-h.served:
+		case <-time.After(5 * time.Second):
+			t.Fatal("Serve did not return after its context was cancelled")
+		}
+		c, err := net.DialTimeout("unix", h.path, time.Second)
+		if err == nil {
+			c.Close()
+			t.Fatal("the socket still accepts connections after the root context ended")
+		}
+	})
+
+	t.Run("Backend calls derive from it", func(t *testing.T) {
+		fb := newFake()
+		fb.up()
+		h := start(t, fb, 0, nil)
+		c := h.dial(t)
+		for _, line := range []string{"echo x", "__put__ a b", "__get__ a b", "__snapshot__ s", "__park__ p"} {
+			if got := c.roundTrip(line); !strings.HasSuffix(got, "\x1e0\n") {
+				t.Fatalf("%q: %q", line, got)
+			}
+		}
+		// Each call's context is released when its command ends, so
+		// being done proves nothing; carrying the root's value does.
+		for _, m := range []string{"WaitAgent", "Exec", "Put", "Get", "Snapshot", "Park"} {
+			ctxs := fb.contexts(m)
+			if len(ctxs) == 0 {
+				t.Fatalf("%s was never called", m)
+			}
+			for i, ctx := range ctxs {
+				if ctx.Value(rootKey{}) != h.ctx.Value(rootKey{}) {
+					t.Errorf("%s call %d: its context does not derive from Serve's", m, i)
+				}
+			}
+		}
+	})
+
+	t.Run("a command waiting for the agent is released", func(t *testing.T) {
+		fb := newFake() // the agent never connects
+		h := start(t, fb, 0, func(s *Server) { s.AgentWait = time.Minute })
+		c := h.dial(t)
+		c.send("echo waits")
+		waitFor(t, "the command to wait for the agent", 5*time.Second, func() bool { return fb.waitCalls.Load() == 1 })
+		h.cancel()
+		body, exit := c.readFrame(5 * time.Second)
+		if got := framed(string(body), exit); got != "ERR nether is stopping\n\x1e-1\n" {
+			t.Fatalf("the waiting command: %q", got)
+		}
+		if n := fb.execCount(); n != 0 {
+			t.Fatalf("Exec ran %d times after the session ended", n)
+		}
+	})
+
+	t.Run("queued work is not started after it ends", func(t *testing.T) {
+		fb := newFake()
+		fb.up()
+		fb.block = true // Put blocks until its context ends
+		h := start(t, fb, 0, nil)
+		c := h.dial(t)
+		c.send("__put__ a b")
+		c.send("echo queued")
+		waitFor(t, "Put to start", 5*time.Second, func() bool { return fb.putCalls.Load() == 1 })
+		h.cancel()
+		for i, want := range []string{"ERR put: context canceled\n\x1e-1\n", "ERR nether is stopping\n\x1e-1\n"} {
+			body, exit := c.readFrame(5 * time.Second)
+			if got := framed(string(body), exit); got != want {
+				t.Fatalf("reply %d: %q, want %q", i, got, want)
+			}
+		}
+		if n := fb.execCount(); n != 0 {
+			t.Fatalf("queued work ran after the session ended (%d execs)", n)
+		}
+		if !errors.Is(fb.contexts("Put")[0].Err(), context.Canceled) {
+			t.Fatal("Put's context was not cancelled")
+		}
+	})
 }

@@ -8,13 +8,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nethersandbox/nether/internal/controltest"
 	"github.com/nethersandbox/nether/internal/meter"
 )
 
@@ -30,6 +29,7 @@ type script struct {
 
 // fakeOutput is one running command's output.
 type fakeOutput struct {
+	ctx     context.Context // Exec's: a gated Read gives up when it ends
 	sc      script
 	i       int           // next chunk
 	rest    []byte        // unread part of the current chunk
@@ -48,7 +48,13 @@ func (o *fakeOutput) Read(p []byte) (int, error) {
 			return 0, io.EOF
 		}
 		if o.sc.gate != nil && o.i == o.sc.gateAt {
-			<-o.sc.gate
+			select {
+			case <-o.sc.gate:
+			case <-o.ctx.Done():
+				// What a real stream does when its context ends.
+				o.once.Do(func() { close(o.drained) })
+				return 0, o.ctx.Err()
+			}
 		}
 		if o.sc.delay > 0 {
 			time.Sleep(o.sc.delay)
@@ -84,6 +90,12 @@ type fakeBackend struct {
 	putCalls   atomic.Int32
 	getCalls   atomic.Int32
 	execSignal chan string // optional: receives every command Exec starts
+
+	// ctxs records the context of every call that takes one, by method.
+	ctxs map[string][]context.Context
+	// block, when set, makes Put, Get, Snapshot and Park wait for their
+	// context to end, and return its error.
+	block bool
 }
 
 func newFake() *fakeBackend {
@@ -91,7 +103,24 @@ func newFake() *fakeBackend {
 		agentUp: make(chan struct{}),
 		scripts: map[string]script{},
 		outs:    map[string][]*fakeOutput{},
+		ctxs:    map[string][]context.Context{},
 	}
+}
+
+// record notes ctx as a context method was called with, and reports
+// whether the call should block until it ends.
+func (f *fakeBackend) record(method string, ctx context.Context) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.ctxs[method] = append(f.ctxs[method], ctx)
+	return f.block
+}
+
+// contexts returns the contexts method was called with.
+func (f *fakeBackend) contexts(method string) []context.Context {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]context.Context(nil), f.ctxs[method]...)
 }
 
 // up connects the fake agent.
@@ -104,6 +133,7 @@ func (f *fakeBackend) on(cmd string, sc script) {
 }
 
 func (f *fakeBackend) WaitAgent(ctx context.Context) error {
+	f.record("WaitAgent", ctx)
 	f.waitCalls.Add(1)
 	select {
 	case <-f.agentUp: // a connected agent wins over a finished ctx
@@ -119,6 +149,7 @@ func (f *fakeBackend) WaitAgent(ctx context.Context) error {
 }
 
 func (f *fakeBackend) Exec(ctx context.Context, command string) (Output, error) {
+	f.record("Exec", ctx)
 	f.mu.Lock()
 	if f.execErr != nil {
 		f.mu.Unlock()
@@ -128,7 +159,7 @@ func (f *fakeBackend) Exec(ctx context.Context, command string) (Output, error) 
 	if !ok {
 		sc = script{chunks: [][]byte{[]byte("ran " + command + "\n")}, status: "0"}
 	}
-	o := &fakeOutput{sc: sc, drained: make(chan struct{})}
+	o := &fakeOutput{ctx: ctx, sc: sc, drained: make(chan struct{})}
 	f.execs = append(f.execs, command)
 	f.outs[command] = append(f.outs[command], o)
 	sig := f.execSignal
@@ -141,11 +172,19 @@ func (f *fakeBackend) Exec(ctx context.Context, command string) (Output, error) 
 
 func (f *fakeBackend) Put(ctx context.Context, hostPath, guestPath string) (int64, error) {
 	f.putCalls.Add(1)
+	if f.record("Put", ctx) {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
 	return 42, nil
 }
 
 func (f *fakeBackend) Get(ctx context.Context, guestPath, hostPath string) (int64, error) {
 	f.getCalls.Add(1)
+	if f.record("Get", ctx) {
+		<-ctx.Done()
+		return 0, ctx.Err()
+	}
 	return 7, nil
 }
 
@@ -158,6 +197,10 @@ func (f *fakeBackend) Shutdown() { f.shutdowns.Add(1) }
 // Snapshot and Park succeed unless the path is "fail"; they record the
 // paths they were given.
 func (f *fakeBackend) Snapshot(ctx context.Context, path string) (string, error) {
+	if f.record("Snapshot", ctx) {
+		<-ctx.Done()
+		return "", ctx.Err()
+	}
 	f.mu.Lock()
 	f.captures = append(f.captures, "snapshot "+path)
 	f.mu.Unlock()
@@ -168,6 +211,10 @@ func (f *fakeBackend) Snapshot(ctx context.Context, path string) (string, error)
 }
 
 func (f *fakeBackend) Park(ctx context.Context, path string) (string, error) {
+	if f.record("Park", ctx) {
+		<-ctx.Done()
+		return "", ctx.Err()
+	}
 	f.mu.Lock()
 	f.captures = append(f.captures, "park "+path)
 	f.mu.Unlock()
@@ -220,24 +267,20 @@ type harness struct {
 	fb   *fakeBackend
 	m    *meter.Meter
 	path string
+	// ctx is the root context Serve runs under; cancel ends the session.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// served is closed when Serve has returned.
+	served chan struct{}
 }
 
 // sockPath is a socket path short enough for sun_path.
-func sockPath(t *testing.T) string {
-	t.Helper()
-	p := filepath.Join(t.TempDir(), "c.sock")
-	if len(p) >= 100 {
-		d, err := os.MkdirTemp("", "nctl")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(d) })
-		p = filepath.Join(d, "c.sock")
-	}
-	return p
-}
+func sockPath(t *testing.T) string { return controltest.SocketPath(t) }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// rootKey marks the root context a harness passes to Serve.
+type rootKey struct{}
 
 // start runs a server on a fresh socket; tune adjusts it before Serve.
 func start(t *testing.T, fb *fakeBackend, maxOut int64, tune func(*Server)) *harness {
@@ -256,8 +299,11 @@ func startOn(t *testing.T, path string, fb *fakeBackend, maxOut int64, tune func
 	if err := s.Listen(path); err != nil {
 		t.Fatalf("Listen: %v", err)
 	}
+	// The root context carries a value unique to this server, so a test
+	// can tell whether a context derives from it.
+	ctx, cancel := context.WithCancel(context.WithValue(context.Background(), rootKey{}, new(int)))
 	done := make(chan struct{})
-	go func() { s.Serve(); close(done) }()
+	go func() { s.Serve(ctx); close(done) }()
 	t.Cleanup(func() {
 		s.Close()
 		select {
@@ -265,8 +311,9 @@ func startOn(t *testing.T, path string, fb *fakeBackend, maxOut int64, tune func
 		case <-time.After(5 * time.Second):
 			t.Error("Serve did not return after Close")
 		}
+		cancel()
 	})
-	return &harness{s: s, fb: fb, m: m, path: path}
+	return &harness{s: s, fb: fb, m: m, path: path, ctx: ctx, cancel: cancel, served: done}
 }
 
 // conn is a raw client connection with a buffered reader.

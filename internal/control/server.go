@@ -35,6 +35,7 @@ const (
 	DefaultMaxClients    = 16
 	outputCappedMarker   = "\n...[output capped]\n"
 	errAgentNotConnected = "agent not connected (guest not ready)"
+	errStopping          = "nether is stopping"
 )
 
 // Output is a running command's output as the backend hands it over.
@@ -81,6 +82,10 @@ type Server struct {
 
 	// cmds is what this build serves: the parser and __help__ read it.
 	cmds *cmdline.Set
+	// ctx is the session's root context, set by Serve before the first
+	// client is admitted. Every Backend call and every client context
+	// derives from it.
+	ctx context.Context
 
 	ln       *net.UnixListener
 	path     string
@@ -105,7 +110,7 @@ func New(log *slog.Logger, b Backend, m *meter.Meter, maxOutput int64) *Server {
 		log: log, backend: b, meter: m, maxOut: maxOutput,
 		AgentWait: DefaultAgentWait, WedgedAfter: DefaultWedgedAfter,
 		BoundaryWait: DefaultBoundaryWait, MaxClients: DefaultMaxClients,
-		cmds:    cmds,
+		cmds: cmds, ctx: context.Background(),
 		clients: map[*client]struct{}{}, uid: os.Getuid(),
 	}
 }
@@ -152,11 +157,24 @@ func (s *Server) Listen(path string) error {
 	return nil
 }
 
-// Serve accepts clients until Close.
-func (s *Server) Serve() {
+// Serve accepts clients until ctx is cancelled or Close is called. ctx is
+// the session's root context: the contexts of clients and of every
+// Backend call derive from it, so cancelling it also ends a client's wait
+// for the agent and tells the backend to give up on work in flight.
+// Cancelling ctx stops accepting; Close still drops the clients and
+// removes the socket file.
+func (s *Server) Serve(ctx context.Context) {
+	s.ctx = ctx
+	// Accept has no context; closing the listener is what unblocks it.
+	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
+	defer stop()
 	for {
 		conn, err := s.ln.AcceptUnix()
 		if err != nil {
+			if ctx.Err() != nil {
+				s.log.Info("control: stopped accepting clients", "why", context.Cause(ctx))
+				return
+			}
 			s.mu.Lock()
 			closed := s.closed
 			s.mu.Unlock()
@@ -212,7 +230,7 @@ func (s *Server) admit(conn *net.UnixConn) {
 		return
 	}
 	s.mu.Lock()
-	if s.closed {
+	if s.closed || s.ctx.Err() != nil {
 		s.mu.Unlock()
 		conn.Close()
 		return
@@ -287,7 +305,8 @@ type client struct {
 }
 
 func newClient(s *Server, conn *net.UnixConn) *client {
-	ctx, cancel := context.WithCancel(context.Background())
+	// The client's context ends when it leaves or when the session ends.
+	ctx, cancel := context.WithCancel(s.ctx)
 	return &client{
 		s: s, conn: conn, frame: make(chan struct{}, 1),
 		work: make(chan job, 64), done: make(chan struct{}),
@@ -385,12 +404,22 @@ func (c *client) readLoop() {
 func (c *client) workLoop() {
 	for j := range c.work {
 		if c.ctx.Err() != nil {
-			// The client left: what it queued behind the running command
-			// must not drive the guest on behalf of nobody.
+			// The client left, or the session is ending: what was queued
+			// behind the running command must not drive the guest on
+			// behalf of nobody. A client still connected is told why
+			// (a client that left gets nothing: its connection is closed).
+			c.errReply(errStopping)
 			continue
 		}
 		j.h.run(c, j.cmd)
 	}
+}
+
+// backendCtx is the context of one Backend call: the session's root, not
+// the client's, because work that reached the guest runs to completion
+// (and its output is drained) even if the client goes away.
+func (c *client) backendCtx() (context.Context, context.CancelFunc) {
+	return context.WithCancel(c.s.ctx)
 }
 
 // capture runs __snapshot__ or __park__. The reply comes only when the
@@ -404,8 +433,10 @@ func (c *client) capture(cmd cmdline.Command) {
 		path = cmd.Args[0]
 	}
 	name := verb(cmd)
+	ctx, cancel := c.backendCtx()
+	defer cancel()
 	if cmd.Name == "__park__" {
-		body, err := c.s.backend.Park(context.Background(), path)
+		body, err := c.s.backend.Park(ctx, path)
 		if err != nil {
 			c.errReply("%s: %v", name, err)
 			return
@@ -414,7 +445,7 @@ func (c *client) capture(cmd cmdline.Command) {
 		c.s.backend.FinishPark()
 		return
 	}
-	body, err := c.s.backend.Snapshot(context.Background(), path)
+	body, err := c.s.backend.Snapshot(ctx, path)
 	if err != nil {
 		c.errReply("%s: %v", name, err)
 		return
@@ -428,7 +459,11 @@ func (c *client) waitAgent() bool {
 	ctx, cancel := context.WithTimeout(c.ctx, c.s.AgentWait)
 	defer cancel()
 	if err := c.s.backend.WaitAgent(ctx); err != nil {
-		c.errReply(errAgentNotConnected)
+		if c.s.ctx.Err() != nil {
+			c.errReply(errStopping)
+		} else {
+			c.errReply(errAgentNotConnected)
+		}
 		return false
 	}
 	return true
@@ -440,7 +475,9 @@ func (c *client) transfer(cmd cmdline.Command, op func(context.Context, string, 
 	}
 	// The transfer runs to completion even if this client goes away: a
 	// half-done transfer is cleaned up by the side that receives it.
-	n, err := op(context.Background(), cmd.Args[0], cmd.Args[1])
+	ctx, cancel := c.backendCtx()
+	defer cancel()
+	n, err := op(ctx, cmd.Args[0], cmd.Args[1])
 	if err != nil {
 		c.errReply("%s: %v", verb(cmd), err)
 		return
@@ -456,7 +493,9 @@ func (c *client) runShell(command string) {
 	if !c.waitAgent() {
 		return
 	}
-	out, err := c.s.backend.Exec(context.Background(), command)
+	ctx, cancel := c.backendCtx()
+	defer cancel()
+	out, err := c.s.backend.Exec(ctx, command)
 	if err != nil {
 		c.errReply("exec: %v", err)
 		return
