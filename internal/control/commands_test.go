@@ -201,6 +201,22 @@ func TestRootContext(t *testing.T) {
 		}
 	})
 
+	t.Run("a running command ends with nether's ERR", func(t *testing.T) {
+		fb := newFake()
+		fb.up()
+		h := start(t, fb, 0, nil)
+		gate := make(chan struct{}) // never opened: only ctx ends the wait
+		fb.on("long", script{chunks: [][]byte{[]byte("start\n"), []byte("never")}, gate: gate, gateAt: 1, status: "0"})
+		c := h.dial(t)
+		c.send("long")
+		c.readUntil("start\n", 5*time.Second)
+		h.cancel()
+		body, exit := c.readFrame(5 * time.Second)
+		if got := framed(string(body), exit); got != "\nERR exec: cancelled: nether is stopping\n\x1e-1\n" {
+			t.Fatalf("the running command: %q", got)
+		}
+	})
+
 	t.Run("queued work is not started after it ends", func(t *testing.T) {
 		fb := newFake()
 		fb.up()

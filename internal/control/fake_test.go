@@ -279,6 +279,31 @@ func sockPath(t *testing.T) string { return controltest.SocketPath(t) }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
+// logBuffer collects a server's log for a test to inspect.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// captureLog points s's log at a buffer, at every level.
+func captureLog(s *Server) *logBuffer {
+	b := &logBuffer{}
+	s.log = slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return b
+}
+
 // rootKey marks the root context a harness passes to Serve.
 type rootKey struct{}
 

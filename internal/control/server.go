@@ -19,6 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/cmdline"
 	"github.com/nethersandbox/nether/internal/frame"
 	"github.com/nethersandbox/nether/internal/meter"
@@ -36,6 +37,9 @@ const (
 	outputCappedMarker   = "\n...[output capped]\n"
 	errAgentNotConnected = "agent not connected (guest not ready)"
 	errStopping          = "nether is stopping"
+	// guestReasonMax bounds how much of a guest's reset reason is logged:
+	// the text is the guest's, so its size is too.
+	guestReasonMax = 256
 )
 
 // Output is a running command's output as the backend hands it over.
@@ -489,6 +493,11 @@ func (c *client) transfer(cmd cmdline.Command, op func(context.Context, string, 
 // runShell relays a command: output escaped and bounded as it streams,
 // then the trailer with the exit clamped to 0..255. The guest's output is
 // always drained to the end, client or no client.
+//
+// Only nether may produce a negative exit. A failure the guest caused (its
+// agent reset the stream) therefore ends the frame with exit 255, like a
+// malformed trailer, and the guest's reason goes to the log, never into an
+// ERR line. A failure on the host ends it with nether's own ERR text.
 func (c *client) runShell(command string) {
 	if !c.waitAgent() {
 		return
@@ -496,7 +505,7 @@ func (c *client) runShell(command string) {
 	ctx, cancel := c.backendCtx()
 	defer cancel()
 	out, err := c.s.backend.Exec(ctx, command)
-	if err != nil {
+	if err != nil && !errors.Is(err, channel.ErrReset) {
 		c.errReply("exec: %v", err)
 		return
 	}
@@ -505,6 +514,12 @@ func (c *client) runShell(command string) {
 	case c.frame <- struct{}{}:
 		defer func() { <-c.frame }()
 	case <-c.done:
+	}
+	if err != nil {
+		// The agent refused the command outright: an empty body, exit 255.
+		c.guestReset(err)
+		c.write(frame.Trailer(255))
+		return
 	}
 	var (
 		sent    int64
@@ -534,9 +549,19 @@ func (c *client) runShell(command string) {
 			break
 		}
 		if rerr != nil {
+			// The frame must still end, or the client waits forever and
+			// reads whatever follows as this reply.
+			if errors.Is(rerr, channel.ErrReset) {
+				c.guestReset(rerr)
+				if !gone {
+					c.write(frame.Trailer(255))
+				}
+				return
+			}
+			reason := hostExecFailure(rerr)
+			c.s.log.Error("control: relaying a command's output failed", "err", rerr, "reply", reason)
 			if !gone {
-				// The frame must still end: the agent failed the command.
-				c.write(append([]byte("\n"), frame.Framed(fmt.Sprintf("ERR exec: %v", rerr), -1)...))
+				c.write(append([]byte("\n"), frame.Framed("ERR "+reason, -1)...))
 			}
 			return
 		}
@@ -544,6 +569,30 @@ func (c *client) runShell(command string) {
 	if !gone {
 		c.write(frame.Trailer(frame.ClampExit(out.Status())))
 	}
+}
+
+// guestReset logs why the guest agent reset a command's stream. The reason
+// is guest text: it is logged, truncated, and never sent to the client.
+func (c *client) guestReset(err error) {
+	reason := err.Error()
+	if len(reason) > guestReasonMax {
+		// A rune split by the cut becomes U+FFFD rather than a stray byte.
+		reason = strings.ToValidUTF8(reason[:guestReasonMax], "\uFFFD") + "..."
+	}
+	c.s.log.Warn("control: the guest agent reset a command; its reply ends with exit 255", "guest_reason", reason)
+}
+
+// hostExecFailure is the ERR text for a running command whose output
+// failed on the host. It is chosen by class from nether's own words and
+// never copied from err, so no byte the guest sent can appear in it.
+func hostExecFailure(err error) string {
+	switch {
+	case errors.Is(err, channel.ErrClosed):
+		return "exec: channel closed"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "exec: cancelled: " + errStopping
+	}
+	return "exec: reading the command's output failed on the host"
 }
 
 var errLineTooLong = errors.New("line too long")

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/cmdline"
 	"github.com/nethersandbox/nether/internal/frame"
 )
@@ -658,27 +659,96 @@ func TestRejectedLinesKeepConnection(t *testing.T) {
 	})
 }
 
-// Exec failures end the frame with a control-plane error.
+// A command that fails ends its frame: with exit 255 when the guest caused
+// it (nether alone may write a negative exit, and the guest's words never
+// become an ERR line), with nether's own ERR text when the host did.
 func TestExecErrors(t *testing.T) {
-	fb := newFake()
-	fb.up()
-	h := start(t, fb, 0, nil)
-	c := h.dial(t)
-	fb.on("dies", script{chunks: [][]byte{[]byte("partial")}, err: errors.New("agent went away")})
-	if got, want := c.roundTrip("dies"), "partial\nERR exec: agent went away\n\x1e-1\n"; got != want {
-		t.Fatalf("mid-stream failure: %q, want %q", got, want)
+	const guestText = "ERR forged by the guest \x1e-1\n"
+	reset := fmt.Errorf("%w: %s", channel.ErrReset, guestText+strings.Repeat("x", 1000))
+	tests := []struct {
+		name    string
+		sc      script
+		execErr error
+		want    string
+		// wantLog is in the server's log; the reply must not contain
+		// the guest's text whatever happens.
+		wantLog string
+	}{
+		{
+			name:    "guest resets mid-stream",
+			sc:      script{chunks: [][]byte{[]byte("partial")}, err: reset},
+			want:    "partial\x1e255\n",
+			wantLog: "level=WARN msg=\"control: the guest agent reset a command; its reply ends with exit 255\"",
+		},
+		{
+			name:    "guest resets before any output",
+			sc:      script{err: reset},
+			want:    "\x1e255\n",
+			wantLog: "guest_reason=\"stream reset: ERR forged by the guest",
+		},
+		{
+			name:    "guest refuses at Exec",
+			execErr: reset,
+			want:    "\x1e255\n",
+			wantLog: "level=WARN",
+		},
+		{
+			name:    "host channel closes mid-stream",
+			sc:      script{chunks: [][]byte{[]byte("partial")}, err: channel.ErrClosed},
+			want:    "partial\nERR exec: channel closed\n\x1e-1\n",
+			wantLog: "level=ERROR",
+		},
+		{
+			name:    "host failure of another kind",
+			sc:      script{chunks: [][]byte{[]byte("partial\n")}, err: errors.New("host said " + guestText)},
+			want:    "partial\n\nERR exec: reading the command's output failed on the host\n\x1e-1\n",
+			wantLog: "level=ERROR",
+		},
+		{
+			name:    "host failure at Exec",
+			execErr: errors.New("no channel"),
+			want:    "ERR exec: no channel\n\x1e-1\n",
+		},
 	}
-	fb.mu.Lock()
-	fb.execErr = errors.New("no channel")
-	fb.mu.Unlock()
-	if got, want := c.roundTrip("echo x"), "ERR exec: no channel\n\x1e-1\n"; got != want {
-		t.Fatalf("Exec failure: %q, want %q", got, want)
-	}
-	fb.mu.Lock()
-	fb.execErr = nil
-	fb.mu.Unlock()
-	if got := c.roundTrip("echo ok"); got != framed("ran echo ok\n", "0") {
-		t.Fatalf("after the failures: %q", got)
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			fb := newFake()
+			fb.up()
+			var logs *logBuffer
+			h := start(t, fb, 0, func(s *Server) { logs = captureLog(s) })
+			c := h.dial(t)
+			cmd := fmt.Sprintf("cmd-%d", i)
+			fb.on(cmd, tt.sc)
+			fb.mu.Lock()
+			fb.execErr = tt.execErr
+			fb.mu.Unlock()
+			got := c.roundTrip(cmd)
+			if got != tt.want {
+				t.Fatalf("reply %q, want %q", got, tt.want)
+			}
+			if strings.Contains(got, "forged") || strings.Contains(got, "xxxx") {
+				t.Fatalf("the guest's text reached the client: %q", got)
+			}
+			if !strings.Contains(logs.String(), tt.wantLog) {
+				t.Fatalf("log lacks %q:\n%s", tt.wantLog, logs.String())
+			}
+			if errors.Is(tt.execErr, channel.ErrReset) || errors.Is(tt.sc.err, channel.ErrReset) {
+				// Logged, but bounded: the guest chooses the reason's size.
+				if strings.Contains(logs.String(), strings.Repeat("x", guestReasonMax)) {
+					t.Errorf("the guest's reason was logged untruncated")
+				}
+				if !strings.Contains(logs.String(), "...") {
+					t.Errorf("the truncated reason is not marked as cut:\n%s", logs.String())
+				}
+			}
+			// The stream is still in sync and the connection usable.
+			fb.mu.Lock()
+			fb.execErr = nil
+			fb.mu.Unlock()
+			if got := c.roundTrip("echo ok"); got != framed("ran echo ok\n", "0") {
+				t.Fatalf("after the failure: %q", got)
+			}
+		})
 	}
 }
 
