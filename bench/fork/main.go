@@ -34,7 +34,6 @@ import (
 	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/engine/qemu"
-	"github.com/nethersandbox/nether/internal/sandbox"
 	"github.com/nethersandbox/nether/internal/snapshot"
 )
 
@@ -168,41 +167,39 @@ func qemuRestore(repo, art string) (time.Duration, time.Duration, error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	st, err := channel.UnmarshalState(a.Meta.Channel)
+	st, err := channel.UnmarshalState(a.Meta.Sections["channel"].Data)
 	if err != nil {
 		return 0, 0, err
 	}
-	state, err := os.Open(filepath.Join(art, "state"))
-	if err != nil {
-		return 0, 0, err
-	}
-	defer state.Close()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	guest := filepath.Join(repo, "build", "guest")
 	ctx := context.Background()
 	start := time.Now()
-	m, err := qemu.Start(ctx, engine.Spec{
+	m, err := qemu.New(quiet).Start(ctx, engine.Spec{
 		CPUs: 1, RAMMB: 512, Accel: engine.AccelTCG,
 		Kernel: filepath.Join(guest, "vmlinux"), Initrd: filepath.Join(guest, "initramfs.cpio"),
-		Cmdline: sandbox.KernelCmdline(false), RunDir: run,
-		Incoming: &engine.Incoming{RAMFile: filepath.Join(art, "ram"), State: state},
-	}, qemu.Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		RunDir:   run,
+		Incoming: &engine.Incoming{Dir: art, Section: engine.Section(a.Meta.Sections[snapshot.SectionEngine])},
+	})
 	if err != nil {
 		return 0, 0, err
 	}
 	defer m.Quit(ctx)
-	if err := m.CompleteIncoming(ctx); err != nil {
+	if err := m.LoadIncoming(ctx); err != nil {
 		return 0, 0, err
 	}
-	mux, err := channel.Restore(st, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	mux, err := channel.Restore(st, quiet)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer mux.Close()
-	mux.Attach(m.ChannelConn(), false)
+	mux.Attach(m.Channel(), false)
 	if err := m.Resume(ctx); err != nil {
 		return 0, 0, err
 	}
 	toCont := time.Since(start)
+	// No handshake: the guest still serves the captured session's epoch,
+	// which is 0 for a base captured from a boot.
 	s, err := mux.Open(agentproto.Request{Op: agentproto.OpExec, Command: "true"}.Encode())
 	if err != nil {
 		return 0, 0, err

@@ -12,8 +12,8 @@ import (
 	"path/filepath"
 
 	"github.com/nethersandbox/nether/internal/conf"
-	"github.com/nethersandbox/nether/internal/engine"
-	"github.com/nethersandbox/nether/internal/sandbox"
+	"github.com/nethersandbox/nether/internal/engine/qemu"
+	"github.com/nethersandbox/nether/internal/session"
 )
 
 const usage = `nether: run one Linux sandbox.
@@ -90,14 +90,18 @@ func main() {
 		fmt.Fprintf(os.Stderr, "nether: %v\n", err)
 		os.Exit(2)
 	}
+	// The one place that picks an engine: everything else talks to the
+	// engine seam.
+	eng := qemu.New(log)
 	if cfg.ValidateSnapshot != "" {
-		os.Exit(validate(cfg))
+		os.Exit(validate(cfg, eng))
 	}
 	for _, l := range cfg.Report() {
 		log.Debug("config", "setting", l)
 	}
-	os.Exit(sandbox.Run(sandbox.Options{
+	os.Exit(session.Run(session.Options{
 		Config:   cfg,
+		Engine:   eng,
 		Log:      log,
 		Stdout:   os.Stdout,
 		Stdin:    os.Stdin,
@@ -108,19 +112,8 @@ func main() {
 // validate checks an artifact against this build and configuration
 // without booting anything: exit 0 and a one-line summary, or exit 1 and
 // the first problem found.
-func validate(cfg *conf.Config) int {
-	accel, _, err := engine.ResolveAccel(engine.Accel(cfg.Accel), engine.ReadHostFacts())
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "nether: %v\n", err)
-		return 1
-	}
-	kernel, image := sandbox.GuestFiles(cfg, guestDir())
-	fp, err := sandbox.HostFingerprint(cfg.CPUs, cfg.RAMMB, accel, kernel, image, guestDir())
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "nether: validate_snapshot: %v\n", err)
-		return 1
-	}
-	summary, err := sandbox.Validate(context.Background(), cfg.ValidateSnapshot, fp)
+func validate(cfg *conf.Config, eng *qemu.Engine) int {
+	summary, err := session.Validate(context.Background(), cfg, eng, guestDir())
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "nether: validate_snapshot: %v\n", err)
 		return 1

@@ -51,7 +51,8 @@ type Mux struct {
 	down      bool      // persistent transport failed a write; resend on next frame
 	frozen    bool
 	closed    bool
-	halted    bool // closed by Halt: even buffered bytes are no longer delivered
+	halted    bool  // closed by Halt: even buffered bytes are no longer delivered
+	closeErr  error // why the Mux closed, when it was not Close
 
 	// counters for meters and logs
 	bytesIn, bytesOut uint64
@@ -142,6 +143,14 @@ func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
 			m.mu.Lock()
 			if m.gen == gen {
 				m.transport = nil
+				if !m.closed {
+					// The engine's end of the port is gone for good (a
+					// guest's port would have been persistent): every
+					// stream on it fails now instead of waiting forever
+					// for a peer that cannot answer.
+					m.closed = true
+					m.closeErr = fmt.Errorf("%w: the guest's end of the channel is gone (%v)", ErrClosed, err)
+				}
 				m.cond.Broadcast()
 			}
 			closed := m.closed
@@ -320,6 +329,14 @@ func (m *Mux) Thaw() {
 	m.mu.Unlock()
 }
 
+// closedErrLocked is what operations on a closed Mux return.
+func (m *Mux) closedErrLocked() error {
+	if m.closeErr != nil {
+		return m.closeErr
+	}
+	return ErrClosed
+}
+
 // Close ends the Mux; every stream fails with ErrClosed.
 func (m *Mux) Close() error {
 	m.mu.Lock()
@@ -338,7 +355,7 @@ func (m *Mux) Open(meta []byte) (*Stream, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, ErrClosed
+		return nil, m.closedErrLocked()
 	}
 	id := m.nextID
 	m.nextID += 2
@@ -370,14 +387,6 @@ func (m *Mux) Accept(ctx context.Context) (*Stream, error) {
 	m.acceptq = m.acceptq[1:]
 	s.accepted = true
 	return s, nil
-}
-
-// Counters reports payload bytes received and sent, and bytes skipped as
-// garbage, for meters and diagnostics.
-func (m *Mux) Counters() (in, out, skipped uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.bytesIn, m.bytesOut, m.skipped
 }
 
 // Settled reports whether nothing is in flight: every frame we sent is

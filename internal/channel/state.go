@@ -64,17 +64,15 @@ func (m *Mux) State() *State {
 	return st
 }
 
-// Halt captures the state and stops the Mux in one step: nothing is
+// Halt stops the Mux for good after a park captured its state: nothing is
 // written or delivered afterwards, so no byte reaches a local reader that
-// the captured state also holds. A park uses it: the captured state must
-// be the only future of every byte.
-func (m *Mux) Halt() *State {
-	st := m.State()
+// the captured state also holds. The captured state must be the only
+// future of every byte.
+func (m *Mux) Halt() {
 	m.mu.Lock()
 	m.closed, m.halted = true, true
 	m.cond.Broadcast()
 	m.mu.Unlock()
-	return st
 }
 
 // Marshal encodes the state.

@@ -87,7 +87,7 @@ func (s *Stream) ReadContext(ctx context.Context, p []byte) (int, error) {
 		m.reapLocked(s)
 		return 0, io.EOF
 	case m.closed:
-		return 0, ErrClosed
+		return 0, m.closedErrLocked()
 	case ctx.Err() != nil:
 		return 0, ctx.Err()
 	}
@@ -124,7 +124,7 @@ func (s *Stream) WriteContext(ctx context.Context, p []byte) (int, error) {
 		case s.localClosed:
 			return written, errors.New("write on a stream already closed for writing")
 		case m.closed:
-			return written, ErrClosed
+			return written, m.closedErrLocked()
 		case ctx.Err() != nil:
 			return written, ctx.Err()
 		}

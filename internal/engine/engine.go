@@ -1,66 +1,129 @@
 // Package engine is the seam between nether and whatever runs the guest.
-// nether asks an engine for a Machine and talks to it only through this
-// interface; everything about QEMU (command lines, QMP, versions) stays in
-// engine/qemu.
+// A session asks an Engine for a Machine and talks to it only through
+// these interfaces; everything about a particular engine (QEMU's command
+// lines, QMP, versions, how RAM is captured) stays in that engine's
+// package. Only the engine's own package and the one place that picks an
+// engine (cmd/nether) import it.
 package engine
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"io"
-	"net"
 	"os"
 	"time"
 )
 
-// Spec is what nether wants booted.
+// Engine makes machines of one kind.
+type Engine interface {
+	// Probe asks the engine, once, who it is on this host: its name,
+	// version and the concrete machine type it would run. It starts no
+	// guest. Fingerprints of artifacts are built from it.
+	Probe(ctx context.Context) (Info, error)
+	// Start boots spec, or, with spec.Incoming set, starts a machine that
+	// waits paused for Machine.LoadIncoming.
+	Start(ctx context.Context, spec Spec) (Machine, error)
+}
+
+// Spec is what a session wants run.
 type Spec struct {
 	CPUs    int
 	RAMMB   int
 	Accel   Accel  // resolved: kvm or tcg
 	Kernel  string // absolute path
 	Initrd  string // absolute path
-	Cmdline string // kernel command line
+	Cmdline string // kernel command line (a restore uses the captured one)
 	// RunDir is a private (0700) directory the engine may use for its
-	// sockets and the guest RAM file; nether removes it at exit.
+	// sockets; the session removes it when it ends.
 	RunDir string
-	// VMGenID is the VM generation GUID; empty means a fresh random one.
-	VMGenID string
+	// MemDir is where the engine may keep guest memory (a tmpfs keeps it
+	// out of disk writeback); defaults to RunDir.
+	MemDir string
 	// Incoming, when set, starts the machine paused, waiting to load a
 	// captured state instead of booting.
 	Incoming *Incoming
+
+	// Devices the next planes add (a NIC, block devices, a display) join
+	// Spec here as endpoint descriptions, and Machine grows the matching
+	// endpoint accessors; the session passes them through untouched.
 }
 
-// Incoming is a captured machine to restore.
+// Incoming is a committed artifact to restore.
 type Incoming struct {
-	// RAMFile, when set, is guest memory as a flat file, mapped
-	// copy-on-write; when empty the state stream carries the memory and it
-	// is loaded into a fresh shared file.
-	RAMFile string
-	// RAMFileOwned says RAMFile is this machine's own copy: it is mapped
-	// shared (so a later capture can take the file again instead of
-	// streaming RAM) and removed when the machine ends.
-	RAMFileOwned bool
-	// State is the engine's device-state stream.
-	State *os.File
+	// Dir is the artifact directory. Its files are immutable: an engine
+	// maps or reads them, never writes them.
+	Dir string
+	// Section is what the engine's Capture returned for this artifact.
+	Section Section
+	// OneShot says the artifact wakes exactly once (a park): the engine
+	// may take its memory as its own instead of sharing it with siblings.
+	OneShot bool
+	// KeepGeneration keeps the VM generation id the guest saw at capture
+	// (fork_reseed=0). By default a restore gets a fresh one, so the guest
+	// reseeds its CRNG.
+	KeepGeneration bool
+}
+
+// Section is one versioned piece of an artifact's metadata, written and
+// read by whoever owns it (the engine, or a session component).
+type Section struct {
+	Version int             `json:"version"`
+	Data    json.RawMessage `json:"data"`
+}
+
+// Sink receives a capture's files. Only the names the artifact format
+// knows ("ram", "state") may be created.
+type Sink interface {
+	CreateFile(name string) (*os.File, error)
+}
+
+// Captured describes what Capture wrote.
+type Captured struct {
+	// RAMInFile: guest memory went into the sink's "ram" file; otherwise
+	// it is inside the "state" stream.
+	RAMInFile bool
+	RAMBytes  int64
+	// Section is the engine's own metadata for a later restore.
+	Section Section
+	// Timings for the capture log.
+	DeviceState, RAMCopy time.Duration
 }
 
 // Machine is one running guest.
 type Machine interface {
-	// Console is the guest's serial console output.
-	Console() io.Reader
-	// ChannelConn is the host end of the guest's channel port, connected
+	// Console is the guest's serial console: output to read, input to
+	// write.
+	Console() io.ReadWriter
+	// Channel is the host end of the guest's channel port, connected
 	// once per engine process, at start.
-	ChannelConn() net.Conn
+	Channel() io.ReadWriteCloser
 	// Done is closed when the engine process has exited.
 	Done() <-chan struct{}
 	// Err is why the machine ended: nil for a guest power-off.
 	Err() error
-	// Usage is the host cost of the machine so far (or in total, after Done).
+	// Usage is the host cost of the machine so far (or in total, after
+	// Done).
 	Usage() Usage
 	// Info describes the engine for reports: name, version, machine type.
 	Info() Info
-	// Quit stops the machine at once (no guest shutdown) and waits for the
-	// engine to exit.
+	// PID is the engine process, for logs.
+	PID() int
+
+	// LoadIncoming loads the state of a machine started with
+	// Spec.Incoming and leaves it paused.
+	LoadIncoming(ctx context.Context) error
+	// Pause stops the vCPUs once the engine has taken every byte the
+	// host already wrote to the channel, so a paused guest's memory
+	// cannot change under a capture.
+	Pause(ctx context.Context) error
+	// Resume restarts the vCPUs.
+	Resume(ctx context.Context) error
+	// Capture writes the paused machine's device state and memory into
+	// sink. It leaves the machine paused.
+	Capture(ctx context.Context, sink Sink) (Captured, error)
+	// Quit stops the machine at once (no guest shutdown) and waits for
+	// the engine to exit. It works on a wedged engine too.
 	Quit(ctx context.Context) error
 }
 
@@ -78,3 +141,7 @@ type Info struct {
 	Machine string // e.g. "pc-i440fx-7.2"
 	Accel   Accel
 }
+
+// ErrSectionVersion is returned by an engine asked to restore a section
+// newer than it understands.
+var ErrSectionVersion = errors.New("engine section version not supported")

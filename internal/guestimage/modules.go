@@ -22,10 +22,12 @@ import (
 // port drivers are built in.
 //
 // Every module costs boot time under TCG (loading, then probing through
-// ACPI), so the list holds only what a device of ours needs. Entropy comes
-// from RDRAND (QEMU's TCG CPU feeds it from the host's getrandom), not from
-// virtio-rng; virtio_net joins when the guest gets a network.
-var DefaultModules = []string{"virtio_pci", "virtio_console"}
+// ACPI), so the list holds only what a device of ours needs. virtio_rng
+// feeds host entropy to the guest CRNG through a device the kernel reads at
+// boot, so the first getrandom() never waits on CPU jitter, whatever the CPU
+// model (RDRAND alone is not on every model). virtio_net joins when the
+// guest gets a network.
+var DefaultModules = []string{"virtio_pci", "virtio_console", "virtio_rng"}
 
 // ModuleIndex is what the kernel's depmod metadata says about its modules.
 type ModuleIndex struct {

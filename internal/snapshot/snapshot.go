@@ -30,7 +30,20 @@ import (
 
 // FormatVersion is the artifact format this build writes and the only one
 // it reads: a restore maps the files, so there is no "mostly compatible".
-const FormatVersion = 1
+//
+// What bumps it: a change to the files of an artifact or their meaning
+// (ram, state, meta.json, COMMITTED), to the top-level fields of Meta, or
+// to how files are checksummed. What does not: anything inside a section.
+// Each component (the engine, the channel, and every plane to come) owns
+// one versioned section of Meta.Sections; a build that adds a component
+// adds a section, and older artifacts without it still restore (the
+// component starts fresh). A build meets a section it does not know only
+// in an artifact from a newer build, and refuses it by name: the guest in
+// it depends on state this build cannot bring back.
+//
+// Version 1 (no sections; the channel and vmgenid were fixed fields) is
+// refused: re-bake such bases.
+const FormatVersion = 2
 
 // Kind is an artifact's lifecycle contract.
 type Kind string
@@ -103,6 +116,13 @@ type Identity struct {
 	TrustClass string `json:"trust_class"`
 }
 
+// Section is one owner's versioned part of the metadata. Its data is
+// opaque here: valid, non-empty JSON.
+type Section struct {
+	Version int             `json:"version"`
+	Data    json.RawMessage `json:"data"`
+}
+
 // Meta is the content of meta.json.
 type Meta struct {
 	Format      int                 `json:"format"`
@@ -110,12 +130,16 @@ type Meta struct {
 	Created     time.Time           `json:"created"`
 	Fingerprint Fingerprint         `json:"fingerprint"`
 	RAMMode     RAMMode             `json:"ram_mode"`
-	Files       map[string]FileInfo `json:"files"`   // filled by Commit
-	Channel     json.RawMessage     `json:"channel"` // host half of the channel; opaque, valid non-empty JSON
-	VMGenID     string              `json:"vmgenid"` // GUID the guest saw at capture
+	Files       map[string]FileInfo `json:"files"` // filled by Commit
 	Identity    Identity            `json:"identity"`
 	PauseMS     int64               `json:"pause_ms"`
+	// Sections holds the engine's section ("engine") and one per session
+	// component, keyed by owner.
+	Sections map[string]Section `json:"sections"`
 }
+
+// SectionEngine is the engine's section; every artifact has one.
+const SectionEngine = "engine"
 
 // Artifact is a committed artifact that passed Open's checks.
 type Artifact struct {
@@ -234,16 +258,40 @@ func validateHeader(m *Meta) error {
 		return errc(ErrInvalid, nil, "fingerprint has cpus=%d ram_mb=%d (both must be positive)",
 			m.Fingerprint.CPUs, m.Fingerprint.RAMMB)
 	}
-	ch := bytes.TrimSpace(m.Channel)
-	if len(ch) == 0 || bytes.Equal(ch, []byte("null")) {
-		// A restore without the channel's host half cannot reconnect
-		// the guest: that artifact is useless, so it is never written.
-		return errc(ErrInvalid, nil, "channel state is empty")
+	if _, ok := m.Sections[SectionEngine]; !ok {
+		// Without the engine's part nothing can restore the machine: that
+		// artifact is useless, so it is never written.
+		return errc(ErrInvalid, nil, "no engine section")
 	}
-	if !json.Valid(ch) {
-		return errc(ErrInvalid, nil, "channel state is not valid JSON")
+	for _, name := range sortedKeys(m.Sections) {
+		sec := m.Sections[name]
+		if !validSectionName(name) {
+			return errc(ErrInvalid, nil, "section name %q is not [a-z0-9_]{1,32}", name)
+		}
+		if sec.Version < 1 {
+			return errc(ErrInvalid, nil, "section %q has version %d (versions start at 1)", name, sec.Version)
+		}
+		d := bytes.TrimSpace(sec.Data)
+		if len(d) == 0 || bytes.Equal(d, []byte("null")) {
+			return errc(ErrInvalid, nil, "section %q is empty", name)
+		}
+		if !json.Valid(d) {
+			return errc(ErrInvalid, nil, "section %q is not valid JSON", name)
+		}
 	}
 	return nil
+}
+
+func validSectionName(s string) bool {
+	if len(s) == 0 || len(s) > 32 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // validateFiles checks the Files map against RAMMode and the checksum
@@ -281,7 +329,7 @@ func validateFiles(m *Meta) error {
 	return nil
 }
 
-func sortedKeys(m map[string]FileInfo) []string {
+func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)

@@ -49,10 +49,12 @@ func testMeta(kind Kind, mode RAMMode) *Meta {
 		Created:     time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC),
 		Fingerprint: testFingerprint,
 		RAMMode:     mode,
-		Channel:     json.RawMessage(`{"next_stream":3,"conns":[]}`),
-		VMGenID:     "6e4f1c55-2a8b-4b1e-9d3e-0f6b7c1a2d3e",
 		Identity:    Identity{SandboxID: "sb-1", Generation: 1, Hostname: "box", TrustClass: "tenant"},
 		PauseMS:     42,
+		Sections: map[string]Section{
+			SectionEngine: {Version: 1, Data: json.RawMessage(`{"ram":"file","vmgenid":"6e4f1c55-2a8b-4b1e-9d3e-0f6b7c1a2d3e"}`)},
+			"channel":     {Version: 1, Data: json.RawMessage(`{"next_stream":3,"conns":[]}`)},
+		},
 	}
 }
 
@@ -147,11 +149,11 @@ func TestRoundTrip(t *testing.T) {
 			if err := a.Match(testFingerprint); err != nil {
 				t.Fatal(err)
 			}
-			want := fmt.Sprintf("snapshot %s: ok kind=base format=1 engine=qemu 7.2.22 machine=pc-i440fx-7.2 accel=tcg cpus=1 ram_mb=64 ram=%s generation=1 created=2026-03-01T12:00:00Z", path, mode)
+			want := fmt.Sprintf("snapshot %s: ok kind=base format=2 engine=qemu 7.2.22 machine=pc-i440fx-7.2 accel=tcg cpus=1 ram_mb=64 ram=%s generation=1 created=2026-03-01T12:00:00Z", path, mode)
 			if got := a.Summary(); got != want {
 				t.Errorf("Summary:\n got %s\nwant %s", got, want)
 			}
-			if a.Meta.Identity.Hostname != "box" || string(a.Meta.Channel) != `{"next_stream":3,"conns":[]}` {
+			if a.Meta.Identity.Hostname != "box" || string(a.Meta.Sections["channel"].Data) != `{"next_stream":3,"conns":[]}` {
 				t.Errorf("metadata did not round-trip: %+v", a.Meta)
 			}
 			checkModes(t, path)
@@ -397,7 +399,7 @@ func TestOpenAndVerifyFailures(t *testing.T) {
 			damage: func(t *testing.T, p string) {
 				writeFile(t, filepath.Join(p, "COMMITTED"), []byte("nether-snapshot v7 whatever=1\n"))
 			},
-			wantOpen: "format version 7, this nether reads 1",
+			wantOpen: "format version 7, this nether reads 2",
 			wantIs:   ErrIncompatible,
 		},
 		{
@@ -469,7 +471,7 @@ func TestOpenAndVerifyFailures(t *testing.T) {
 			damage: func(t *testing.T, p string) {
 				rewriteMeta(t, p, func(m map[string]any) { m["format"] = 7; m["future"] = true })
 			},
-			wantOpen: "format version 7, this nether reads 1",
+			wantOpen: "format version 7, this nether reads 2",
 			wantIs:   ErrIncompatible,
 		},
 		{
@@ -514,9 +516,11 @@ func TestOpenAndVerifyFailures(t *testing.T) {
 			wantIs:   ErrInvalid,
 		},
 		{
-			name:     "empty channel",
-			damage:   func(t *testing.T, p string) { rewriteMeta(t, p, func(m map[string]any) { m["channel"] = nil }) },
-			wantOpen: "channel state is empty",
+			name: "empty section",
+			damage: func(t *testing.T, p string) {
+				rewriteMeta(t, p, func(m map[string]any) { m["sections"].(map[string]any)["channel"] = map[string]any{"version": 1} })
+			},
+			wantOpen: `section "channel" is empty`,
 			wantIs:   ErrInvalid,
 		},
 		{
@@ -640,13 +644,16 @@ func TestCommitFailureLeavesNothing(t *testing.T) {
 		want    string
 		wantIs  error
 	}{
-		{name: "invalid channel", files: []string{"ram", "state"}, edit: func(m *Meta) { m.Channel = json.RawMessage(`{"x":`) }, want: "channel state is not valid JSON", wantIs: ErrInvalid},
-		{name: "empty channel", files: []string{"ram", "state"}, edit: func(m *Meta) { m.Channel = nil }, want: "channel state is empty"},
+		{name: "invalid section", files: []string{"ram", "state"}, edit: func(m *Meta) { m.Sections["channel"] = Section{Version: 1, Data: json.RawMessage(`{"x":`)} }, want: `section "channel" is not valid JSON`, wantIs: ErrInvalid},
+		{name: "empty section", files: []string{"ram", "state"}, edit: func(m *Meta) { m.Sections["channel"] = Section{Version: 1} }, want: `section "channel" is empty`},
+		{name: "section version zero", files: []string{"ram", "state"}, edit: func(m *Meta) { m.Sections["net"] = Section{Data: json.RawMessage(`{}`)} }, want: `section "net" has version 0`},
+		{name: "bad section name", files: []string{"ram", "state"}, edit: func(m *Meta) { m.Sections["Net/1"] = Section{Version: 1, Data: json.RawMessage(`{}`)} }, want: `section name "Net/1"`},
+		{name: "no engine section", files: []string{"ram", "state"}, edit: func(m *Meta) { delete(m.Sections, SectionEngine) }, want: "no engine section"},
 		{name: "file mode without ram", files: []string{"state"}, want: "ram_mode is file but no ram file was written"},
 		{name: "stream mode with ram", files: []string{"ram", "state"}, edit: func(m *Meta) { m.RAMMode = RAMStream }, want: "ram_mode is stream but a ram file was written"},
 		{name: "no state", files: []string{"ram"}, want: "no state file was written"},
 		{name: "unknown kind", files: []string{"ram", "state"}, edit: func(m *Meta) { m.Kind = "weird" }, want: `unknown kind "weird"`},
-		{name: "wrong format", files: []string{"ram", "state"}, edit: func(m *Meta) { m.Format = 2 }, want: "format version 2, this nether reads 1", wantIs: ErrIncompatible},
+		{name: "wrong format", files: []string{"ram", "state"}, edit: func(m *Meta) { m.Format = 1 }, want: "format version 1, this nether reads 2", wantIs: ErrIncompatible},
 		{name: "stray file", files: []string{"ram", "state"}, byPath: []string{"core"}, want: `unexpected file "core"`},
 		{name: "nil meta", files: []string{"state"}, edit: nil, want: "no metadata"},
 		{

@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/nethersandbox/nether/internal/engine"
 )
 
@@ -37,14 +39,25 @@ const ChannelPortName = "nether.channel"
 // Machine is the engine seam's first implementation.
 var _ engine.Machine = (*Machine)(nil)
 
-// Options tune how a machine is started.
-type Options struct {
-	Log *slog.Logger
-	// MemDir holds the guest RAM file; a tmpfs keeps guest memory out of
-	// disk writeback. Defaults to Spec.RunDir.
-	MemDir string
+// Engine runs guests in qemu-system-x86_64.
+type Engine struct {
+	log *slog.Logger
 	// StartTimeout bounds how long QEMU may take to connect its sockets.
 	StartTimeout time.Duration
+
+	probeOnce sync.Once
+	probed    engine.Info
+	probeErr  error
+}
+
+var _ engine.Engine = (*Engine)(nil)
+
+// New returns the QEMU engine.
+func New(log *slog.Logger) *Engine {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Engine{log: log, StartTimeout: 15 * time.Second}
 }
 
 // Machine is a running QEMU.
@@ -56,12 +69,14 @@ type Machine struct {
 	console net.Conn
 	channel net.Conn
 	info    engine.Info
-	memFile string
-	// memShared: QEMU maps memFile shared (it is the guest's memory);
-	// false for a restore that maps an artifact privately.
-	memShared bool
-	vmgenid   string
-	incoming  *engine.Incoming
+	// mem is guest memory when QEMU maps it shared: a memfd nobody can
+	// reach by name, so it cannot outlive nether and QEMU, however they
+	// end. nil for a restore that maps an artifact's RAM privately.
+	mem      *os.File
+	vmgenid  string
+	cmdline  string
+	incoming *engine.Incoming
+	ramIn    ramMode // for an incoming machine: where its RAM comes from
 
 	done    chan struct{}
 	waitErr error
@@ -71,17 +86,8 @@ type Machine struct {
 	shutdown string // reason QEMU reported in its SHUTDOWN event
 }
 
-// Start boots spec.
-func Start(ctx context.Context, spec engine.Spec, opt Options) (*Machine, error) {
-	if opt.Log == nil {
-		opt.Log = slog.Default()
-	}
-	if opt.StartTimeout == 0 {
-		opt.StartTimeout = 15 * time.Second
-	}
-	if opt.MemDir == "" {
-		opt.MemDir = spec.RunDir
-	}
+// Start boots spec, or prepares a restore of spec.Incoming.
+func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine, err error) {
 	bin, err := exec.LookPath(Binary)
 	if err != nil {
 		return nil, fmt.Errorf("finding %s: %w (install Debian's qemu-system-x86, or run scripts/setup.sh)", Binary, err)
@@ -91,9 +97,73 @@ func Start(ctx context.Context, spec engine.Spec, opt Options) (*Machine, error)
 			return nil, fmt.Errorf("guest file: %w (run scripts/setup.sh to build the guest image)", err)
 		}
 	}
+	m := &Machine{
+		log:     e.log,
+		stderr:  &tailBuffer{max: 8 << 10},
+		done:    make(chan struct{}),
+		cmdline: spec.Cmdline,
+		info:    engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
+	}
+	defer func() {
+		if err != nil && m.mem != nil {
+			m.mem.Close()
+		}
+	}()
+	var extra []*os.File
+	memPath, share := "", true
+	if in := spec.Incoming; in != nil {
+		sec, err := decodeSection(in.Section)
+		if err != nil {
+			return nil, fmt.Errorf("restoring %s: %w", in.Dir, err)
+		}
+		m.incoming, m.ramIn, m.cmdline = in, sec.RAM, sec.Cmdline
+		m.vmgenid = NewGUID()
+		if in.KeepGeneration {
+			m.vmgenid = sec.VMGenID
+		}
+		state, err := os.Open(filepath.Join(in.Dir, "state"))
+		if err != nil {
+			return nil, fmt.Errorf("restoring %s: %w", in.Dir, err)
+		}
+		defer state.Close()          // QEMU has its own copy once started
+		extra = append(extra, state) // fd 3: LoadIncoming's migrate-incoming reads it
+		switch {
+		case sec.RAM == ramFile && in.OneShot:
+			// A park wakes once, so there are no siblings to share pages
+			// with. A private copy as our own memory, instead of a private
+			// map of the park, keeps the woken guest's memory shared: its
+			// next capture is a fast file copy, not a stream of all its RAM.
+			if m.mem, err = newGuestMemory(); err != nil {
+				return nil, err
+			}
+			if err := copyFileInto(m.mem, filepath.Join(in.Dir, "ram")); err != nil {
+				return nil, fmt.Errorf("waking %s: copying guest memory: %w", in.Dir, err)
+			}
+		case sec.RAM == ramFile:
+			// Copy-on-write: siblings share the artifact's pages in the
+			// page cache and nothing a guest writes ever reaches the
+			// artifact.
+			memPath, share = filepath.Join(in.Dir, "ram"), false
+		}
+	} else {
+		m.vmgenid = NewGUID()
+	}
+	if memPath == "" {
+		if m.mem == nil {
+			if m.mem, err = newGuestMemory(); err != nil {
+				return nil, err
+			}
+		}
+		extra = append(extra, m.mem)
+		// QEMU opens the memfd through its own descriptor table.
+		memPath = fmt.Sprintf("/proc/self/fd/%d", 2+len(extra))
+	}
+
 	socks := map[string]string{}
 	listeners := map[string]*net.UnixListener{}
 	defer func() {
+		// Each socket file goes once QEMU is connected (or gave up): the
+		// run directory is empty while the guest runs.
 		for _, l := range listeners {
 			l.Close()
 		}
@@ -108,40 +178,12 @@ func Start(ctx context.Context, spec engine.Spec, opt Options) (*Machine, error)
 		listeners[name] = l
 		socks[name] = p
 	}
-	m := &Machine{
-		log:       opt.Log,
-		stderr:    &tailBuffer{max: 8 << 10},
-		done:      make(chan struct{}),
-		memFile:   filepath.Join(opt.MemDir, "guest-ram"),
-		memShared: true,
-		vmgenid:   spec.VMGenID,
-		incoming:  spec.Incoming,
-		info:      engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
-	}
-	if m.vmgenid == "" {
-		m.vmgenid = NewGUID()
-	}
-	ownMemFile := true
-	if in := spec.Incoming; in != nil {
-		// An artifact's RAM file is mapped privately: copy-on-write, the
-		// page cache shared by siblings, the artifact never written. A
-		// stream, or a copy of the RAM that is ours, goes into a shared
-		// file, so this machine's own captures can take the file again.
-		switch {
-		case in.RAMFile != "" && in.RAMFileOwned:
-			m.memFile = in.RAMFile
-		case in.RAMFile != "":
-			m.memFile, ownMemFile, m.memShared = in.RAMFile, false, false
-		}
-	}
-	args := commandLine(spec, socks, m.memFile, m.memShared, m.vmgenid)
+	args := commandLine(spec, m.cmdline, socks, memPath, share, m.vmgenid)
 	m.log.Debug("starting QEMU", "args", strings.Join(args, " "))
 	m.cmd = exec.Command(bin, args...)
 	m.cmd.Stdout = m.stderr
 	m.cmd.Stderr = m.stderr
-	if spec.Incoming != nil {
-		m.cmd.ExtraFiles = []*os.File{spec.Incoming.State} // fd 3
-	}
+	m.cmd.ExtraFiles = extra
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{
 		// QEMU must not outlive nether, even when nether is SIGKILLed.
 		Pdeathsig: syscall.SIGKILL,
@@ -154,31 +196,108 @@ func Start(ctx context.Context, spec engine.Spec, opt Options) (*Machine, error)
 	}
 	go func() {
 		m.waitErr = m.cmd.Wait()
-		if ownMemFile {
-			os.Remove(m.memFile) // never the artifact's
+		if m.mem != nil {
+			m.mem.Close() // the guest's memory goes with its last mapping
 		}
 		close(m.done)
 	}()
 
-	conns, err := m.acceptAll(ctx, listeners, opt.StartTimeout)
+	conns, err := m.acceptAll(ctx, listeners, e.StartTimeout)
 	if err != nil {
 		m.kill()
 		return nil, err
 	}
 	m.console, m.channel = conns["console"], conns["channel"]
-	q, version, err := newQMP(conns["qmp"], m.onEvent)
+	q, version, err := newQMP(ctx, conns["qmp"], m.onEvent)
 	if err != nil {
 		m.kill()
 		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}
 	m.qmp, m.info.Version = q, version
-	if raw, err := q.execute(ctx, "query-machines", nil); err == nil {
-		m.info.Machine = resolveMachineName(raw, MachineType)
+	raw, err := q.execute(ctx, "query-machines", nil)
+	if err != nil {
+		m.kill()
+		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}
+	m.info.Machine = resolveMachineName(raw, MachineType)
 	return m, nil
 }
 
-func commandLine(spec engine.Spec, socks map[string]string, memFile string, shared bool, vmgenid string) []string {
+// newGuestMemory makes an anonymous shared-memory file for guest RAM.
+func newGuestMemory() (*os.File, error) {
+	fd, err := unix.MemfdCreate("nether-guest-ram", unix.MFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("creating guest memory: %w", err)
+	}
+	return os.NewFile(uintptr(fd), "guest-ram"), nil
+}
+
+// copyFileInto copies the file at src sparsely into dst.
+func copyFileInto(dst *os.File, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	_, err = CopySparse(dst, in)
+	return err
+}
+
+// Probe starts QEMU without a guest and asks it, over QMP, for its version
+// and the machine type the "pc" alias stands for: the same path a running
+// machine reports through, so a fingerprint found here matches one taken
+// at capture. The answer is kept for the life of the process.
+func (e *Engine) Probe(ctx context.Context) (engine.Info, error) {
+	e.probeOnce.Do(func() { e.probed, e.probeErr = e.probe(ctx) })
+	return e.probed, e.probeErr
+}
+
+func (e *Engine) probe(ctx context.Context) (engine.Info, error) {
+	bin, err := exec.LookPath(Binary)
+	if err != nil {
+		return engine.Info{}, fmt.Errorf("finding %s: %w (install Debian's qemu-system-x86, or run scripts/setup.sh)", Binary, err)
+	}
+	dir, err := os.MkdirTemp("", "nether-probe-")
+	if err != nil {
+		return engine.Info{}, fmt.Errorf("probing QEMU: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	p := filepath.Join(dir, "qmp.sock")
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
+	if err != nil {
+		return engine.Info{}, fmt.Errorf("probing QEMU: %w", err)
+	}
+	defer l.Close()
+	m := &Machine{log: e.log, stderr: &tailBuffer{max: 8 << 10}, done: make(chan struct{})}
+	m.cmd = exec.Command(bin, "-machine", "none", "-S", "-nodefaults", "-no-user-config", "-display", "none",
+		"-chardev", "socket,id=qmp,path="+p, "-mon", "chardev=qmp,mode=control")
+	m.cmd.Stdout, m.cmd.Stderr = m.stderr, m.stderr
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	if err := m.cmd.Start(); err != nil {
+		return engine.Info{}, fmt.Errorf("probing QEMU: %w", err)
+	}
+	go func() {
+		m.waitErr = m.cmd.Wait()
+		close(m.done)
+	}()
+	defer m.kill()
+	conns, err := m.acceptAll(ctx, map[string]*net.UnixListener{"qmp": l}, e.StartTimeout)
+	if err != nil {
+		return engine.Info{}, fmt.Errorf("probing QEMU: %w", err)
+	}
+	defer conns["qmp"].Close()
+	q, version, err := newQMP(ctx, conns["qmp"], nil)
+	if err != nil {
+		return engine.Info{}, fmt.Errorf("probing QEMU: %w", err)
+	}
+	raw, err := q.execute(ctx, "query-machines", nil)
+	if err != nil {
+		return engine.Info{}, fmt.Errorf("probing QEMU: %w", err)
+	}
+	return engine.Info{Backend: "qemu", Version: version, Machine: resolveMachineName(raw, MachineType)}, nil
+}
+
+func commandLine(spec engine.Spec, cmdline string, socks map[string]string, memFile string, shared bool, vmgenid string) []string {
 	ram := strconv.Itoa(spec.RAMMB) + "M"
 	share := "on"
 	if !shared {
@@ -203,12 +322,17 @@ func commandLine(spec engine.Spec, socks map[string]string, memFile string, shar
 		// No option ROMs: firmware probing them is pure boot latency.
 		"-device", "virtio-serial-pci,id=vser,romfile=",
 		"-device", "virtserialport,bus=vser.0,chardev=chan,name=" + ChannelPortName,
+		// Host entropy for the guest CRNG from its first boot moment, not
+		// only the CPU's RDRAND (a CPU model may lack it). Rate-limited so
+		// a guest cannot drain the host pool.
+		"-object", "rng-random,id=rng0,filename=/dev/urandom",
+		"-device", "virtio-rng-pci,rng=rng0,max-bytes=65536,period=1000,romfile=",
 		// VM generation id: a restore gets a fresh one so the guest
 		// reseeds its CRNG.
 		"-device", "vmgenid,guid=" + vmgenid,
 		"-kernel", spec.Kernel,
 		"-initrd", spec.Initrd,
-		"-append", spec.Cmdline,
+		"-append", cmdline,
 		"-no-reboot",
 	}
 	if spec.Incoming != nil {
@@ -314,11 +438,11 @@ func resolveMachineName(raw json.RawMessage, alias string) string {
 	return alias
 }
 
-func (m *Machine) Console() io.Reader    { return m.console }
-func (m *Machine) ChannelConn() net.Conn { return m.channel }
-func (m *Machine) Done() <-chan struct{} { return m.done }
-func (m *Machine) Info() engine.Info     { return m.info }
-func (m *Machine) PID() int              { return m.cmd.Process.Pid }
+func (m *Machine) Console() io.ReadWriter      { return m.console }
+func (m *Machine) Channel() io.ReadWriteCloser { return m.channel }
+func (m *Machine) Done() <-chan struct{}       { return m.done }
+func (m *Machine) Info() engine.Info           { return m.info }
+func (m *Machine) PID() int                    { return m.cmd.Process.Pid }
 
 // Err says why QEMU ended; nil for a guest power-off.
 func (m *Machine) Err() error {
@@ -339,14 +463,6 @@ func (m *Machine) Err() error {
 	return nil
 }
 
-// ShutdownReason is what QEMU said about the last shutdown, e.g.
-// guest-shutdown or host-qmp-quit.
-func (m *Machine) ShutdownReason() string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.shutdown
-}
-
 // Quit stops QEMU now and waits for it.
 func (m *Machine) Quit(ctx context.Context) error {
 	select {
@@ -354,7 +470,9 @@ func (m *Machine) Quit(ctx context.Context) error {
 		return nil
 	default:
 	}
-	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	// Bounded on its own: a stop path whose context is already cancelled
+	// still asks QEMU politely first, and a wedged QEMU is killed.
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	if m.qmp != nil {
 		m.qmp.execute(qctx, "quit", nil)

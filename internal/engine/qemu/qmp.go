@@ -8,9 +8,14 @@ import (
 	"net"
 	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
+
+// qmpCallTimeout bounds one QMP command. Every command we send answers in
+// milliseconds on a healthy QEMU (migrations are polled, not awaited).
+const qmpCallTimeout = 10 * time.Second
 
 // qmp is a minimal QMP client: commands with ids, replies matched by id,
 // events handed to a callback. QEMU is trusted less than our own code but
@@ -49,11 +54,20 @@ type qmpGreeting struct {
 	} `json:"version"`
 }
 
-func newQMP(conn net.Conn, onEvent func(string, json.RawMessage)) (*qmp, string, error) {
+func newQMP(ctx context.Context, conn net.Conn, onEvent func(string, json.RawMessage)) (*qmp, string, error) {
 	q := &qmp{conn: conn, pending: map[string]chan qmpReply{}, onEvent: onEvent, done: make(chan struct{})}
 	sc := bufio.NewScanner(conn)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
-	if !sc.Scan() {
+	// The greeting is bounded too: a QEMU that connects and says nothing
+	// must not hang a start.
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetReadDeadline(dl)
+	} else {
+		conn.SetReadDeadline(time.Now().Add(qmpCallTimeout))
+	}
+	ok := sc.Scan()
+	conn.SetReadDeadline(time.Time{})
+	if !ok {
 		return nil, "", fmt.Errorf("reading QMP greeting: %v", sc.Err())
 	}
 	var g struct {
@@ -65,7 +79,7 @@ func newQMP(conn net.Conn, onEvent func(string, json.RawMessage)) (*qmp, string,
 	v := g.QMP.Version.Qemu
 	version := fmt.Sprintf("%d.%d.%d", v.Major, v.Minor, v.Micro)
 	go q.readLoop(sc)
-	if _, err := q.execute(context.Background(), "qmp_capabilities", nil); err != nil {
+	if _, err := q.execute(ctx, "qmp_capabilities", nil); err != nil {
 		return nil, "", fmt.Errorf("QMP capabilities negotiation: %w", err)
 	}
 	return q, version, nil
@@ -105,6 +119,10 @@ func (q *qmp) execute(ctx context.Context, cmd string, args any) (json.RawMessag
 // executeFD runs a command with a file descriptor attached (SCM_RIGHTS),
 // as getfd expects: QEMU then owns a duplicate of f.
 func (q *qmp) executeFD(ctx context.Context, cmd string, args any, f *os.File) (json.RawMessage, error) {
+	// Every call has a deadline: a wedged QEMU (stopped, or stuck in a
+	// device) must never hold the session forever.
+	ctx, cancel := context.WithTimeout(ctx, qmpCallTimeout)
+	defer cancel()
 	q.mu.Lock()
 	q.nextID++
 	id := fmt.Sprintf("n%d", q.nextID)

@@ -6,15 +6,60 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nethersandbox/nether/internal/engine"
 )
 
-// Pause stops the vCPUs. QEMU's stop is architecturally consistent: no
-// instruction is half done.
+// ramMode says where an artifact's guest memory lives.
+type ramMode string
+
+const (
+	ramFile   ramMode = "file"   // the artifact's "ram" file
+	ramStream ramMode = "stream" // inside the migration stream ("state")
+)
+
+// sectionVersion is the version of the engine section this build writes
+// and the newest it reads.
+const sectionVersion = 1
+
+// section is the QEMU engine's part of an artifact's metadata.
+type section struct {
+	RAM     ramMode `json:"ram"`
+	VMGenID string  `json:"vmgenid"` // the GUID the guest saw at capture
+	// Cmdline is the kernel command line the captured machine booted
+	// with: QEMU's firmware tables must match it on restore.
+	Cmdline string `json:"cmdline"`
+}
+
+func decodeSection(s engine.Section) (section, error) {
+	var sec section
+	if s.Version < 1 || s.Version > sectionVersion {
+		return sec, fmt.Errorf("%w: qemu engine section version %d, this nether reads up to %d",
+			engine.ErrSectionVersion, s.Version, sectionVersion)
+	}
+	dec := json.NewDecoder(bytes.NewReader(s.Data))
+	if err := dec.Decode(&sec); err != nil {
+		return sec, fmt.Errorf("decoding the qemu engine section: %w", err)
+	}
+	if sec.RAM != ramFile && sec.RAM != ramStream {
+		return sec, fmt.Errorf("qemu engine section: unknown ram mode %q", sec.RAM)
+	}
+	if sec.VMGenID == "" {
+		return sec, errors.New("qemu engine section: no vmgenid")
+	}
+	return sec, nil
+}
+
+// Pause waits until QEMU has taken every byte nether wrote to the channel
+// socket (bounded), then stops the vCPUs. QEMU's stop is architecturally
+// consistent: no instruction is half done.
 func (m *Machine) Pause(ctx context.Context) error {
+	drainSocket(ctx, m.channel, 100*time.Millisecond)
 	_, err := m.qmp.execute(ctx, "stop", nil)
 	return err
 }
@@ -25,13 +70,30 @@ func (m *Machine) Resume(ctx context.Context) error {
 	return err
 }
 
-// RAMFile is the file that holds guest memory, and whether QEMU maps it
-// shared (a fresh boot: the file is the memory) or private (a restore:
-// the file is the artifact the memory started from).
-func (m *Machine) RAMFile() (path string, shared bool) { return m.memFile, m.memShared }
-
-// VMGenID is the VM generation GUID the guest sees.
-func (m *Machine) VMGenID() string { return m.vmgenid }
+// drainSocket waits until the kernel has handed QEMU every byte written
+// to the channel socket, so a paused QEMU has nothing left to push into
+// guest memory while it is copied.
+func drainSocket(ctx context.Context, c net.Conn, limit time.Duration) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return
+	}
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		pending := 0
+		raw.Control(func(fd uintptr) {
+			pending, _ = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+		})
+		if pending == 0 {
+			return
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+}
 
 // migrationTuning makes a migration of a stopped VM as fast as the host
 // allows: QEMU's default bandwidth cap would dominate capture time.
@@ -45,27 +107,59 @@ func (m *Machine) migrationTuning(ctx context.Context, ignoreShared bool) error 
 	return err
 }
 
-// SaveState writes the machine's device state to f while the VM is
-// paused. Guest RAM that lives in a shared file is skipped
-// (x-ignore-shared: the caller copies the file); RAM QEMU maps privately
-// goes into the stream. The stream records the capability, and a restore
-// must set it the same way (see CompleteIncoming).
-func (m *Machine) SaveState(ctx context.Context, f *os.File) error {
-	if err := m.migrationTuning(ctx, m.memShared); err != nil {
-		return fmt.Errorf("preparing migration: %w", err)
+// Capture writes the paused machine's device state into the sink's
+// "state" file. Guest RAM that lives in our shared memory file is skipped
+// by the migration (x-ignore-shared) and copied sparsely into "ram"; RAM
+// QEMU maps privately (a restore of a base) goes into the stream.
+func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Captured, error) {
+	var out engine.Captured
+	state, err := sink.CreateFile("state")
+	if err != nil {
+		return out, err
 	}
-	if _, err := m.qmp.executeFD(ctx, "getfd", map[string]any{"fdname": "snapstate"}, f); err != nil {
-		return fmt.Errorf("handing QEMU the state file: %w", err)
+	defer state.Close()
+	var ram *os.File
+	if m.mem != nil {
+		if ram, err = sink.CreateFile("ram"); err != nil {
+			return out, err
+		}
+		defer ram.Close()
+	}
+	start := time.Now()
+	if err := m.migrationTuning(ctx, m.mem != nil); err != nil {
+		return out, fmt.Errorf("preparing migration: %w", err)
+	}
+	if _, err := m.qmp.executeFD(ctx, "getfd", map[string]any{"fdname": "snapstate"}, state); err != nil {
+		return out, fmt.Errorf("handing QEMU the state file: %w", err)
 	}
 	if _, err := m.qmp.execute(ctx, "migrate", map[string]any{"uri": "fd:snapstate"}); err != nil {
-		return fmt.Errorf("starting migration: %w", err)
+		return out, fmt.Errorf("starting migration: %w", err)
 	}
-	return m.waitMigration(ctx)
+	if err := m.waitMigration(ctx); err != nil {
+		return out, fmt.Errorf("saving device state: %w", err)
+	}
+	out.DeviceState = time.Since(start)
+	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline}
+	if ram != nil {
+		sec.RAM = ramFile
+		start = time.Now()
+		n, err := CopySparse(ram, m.mem)
+		if err != nil {
+			return out, fmt.Errorf("copying guest memory: %w", err)
+		}
+		out.RAMInFile, out.RAMBytes, out.RAMCopy = true, n, time.Since(start)
+	}
+	data, err := json.Marshal(sec)
+	if err != nil {
+		return out, fmt.Errorf("encoding the engine section: %w", err)
+	}
+	out.Section = engine.Section{Version: sectionVersion, Data: data}
+	return out, nil
 }
 
-// CompleteIncoming loads the device state of a machine started with an
-// incoming state file, leaving it paused.
-func (m *Machine) CompleteIncoming(ctx context.Context) error {
+// LoadIncoming loads the device state of a machine started with an
+// incoming artifact, leaving it paused.
+func (m *Machine) LoadIncoming(ctx context.Context) error {
 	if m.incoming == nil {
 		return errors.New("machine was not started for an incoming state")
 	}
@@ -73,7 +167,7 @@ func (m *Machine) CompleteIncoming(ctx context.Context) error {
 	// file); a stream artifact without it (its RAM is in the stream, and
 	// QEMU refuses to load pages into a shared block while the capability
 	// is on).
-	if err := m.migrationTuning(ctx, m.incoming.RAMFile != ""); err != nil {
+	if err := m.migrationTuning(ctx, m.ramIn == ramFile); err != nil {
 		return fmt.Errorf("preparing incoming migration: %w", err)
 	}
 	// The state file is fd 3 in QEMU: the first of ExtraFiles.

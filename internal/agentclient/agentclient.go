@@ -1,0 +1,276 @@
+// Package agentclient is the host's side of the conversation with the
+// in-guest agent, over the channel: commands, file transfers, the
+// post-restore handshake, power-off, and a dispatcher for the streams the
+// guest opens, keyed by kind. It knows agentproto and the channel, nothing
+// about engines or the control socket.
+package agentclient
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/nethersandbox/nether/internal/agentproto"
+	"github.com/nethersandbox/nether/internal/channel"
+)
+
+// Client talks to one agent.
+type Client struct {
+	log *slog.Logger
+	mux *channel.Mux
+
+	mu       sync.Mutex
+	epoch    uint64 // the session epoch every request carries
+	handlers map[string]Handler
+
+	up     chan struct{}
+	upOnce sync.Once
+}
+
+// Handler serves a stream the guest opened. It owns the stream.
+type Handler func(ctx context.Context, st *channel.Stream, req agentproto.Request)
+
+// New returns a client on mux serving session epoch (0 for a boot).
+func New(log *slog.Logger, mux *channel.Mux, epoch uint64) *Client {
+	c := &Client{log: log, mux: mux, epoch: epoch, handlers: map[string]Handler{}, up: make(chan struct{})}
+	c.Handle(agentproto.OpHello, c.hello)
+	return c
+}
+
+// Handle registers the handler for guest-opened streams of kind op.
+// Streams of a kind nobody handles are refused.
+func (c *Client) Handle(op string, h Handler) {
+	c.mu.Lock()
+	c.handlers[op] = h
+	c.mu.Unlock()
+}
+
+// Up is closed once the agent is known to be serving this session: its
+// hello after a boot, or a completed handshake after a restore.
+func (c *Client) Up() <-chan struct{} { return c.up }
+
+func (c *Client) markUp() { c.upOnce.Do(func() { close(c.up) }) }
+
+// WaitUp blocks until the agent is up or ctx ends.
+func (c *Client) WaitUp(ctx context.Context) error {
+	select {
+	case <-c.up:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// Serve dispatches the streams the guest opens until ctx ends or the
+// channel closes.
+func (c *Client) Serve(ctx context.Context) {
+	for {
+		st, err := c.mux.Accept(ctx)
+		if err != nil {
+			return
+		}
+		req, err := agentproto.Decode(st.Meta())
+		if err != nil {
+			st.Reset("the host does not accept this stream")
+			continue
+		}
+		c.mu.Lock()
+		h := c.handlers[req.Op]
+		c.mu.Unlock()
+		if h == nil {
+			st.Reset("the host does not accept this stream")
+			continue
+		}
+		go h(ctx, st, req)
+	}
+}
+
+func (c *Client) hello(_ context.Context, st *channel.Stream, req agentproto.Request) {
+	c.log.Info("agent connected", "boot", req.Boot, "agent_version", req.Version,
+		"guest_agent_start_ms", req.StartMS, "guest_modules_done_ms", req.ModulesMS, "guest_hello_ms", req.HelloMS)
+	st.CloseWrite(nil)
+	go io.Copy(io.Discard, st)
+	c.markUp()
+}
+
+// open starts a request stream stamped with the session epoch.
+func (c *Client) open(req agentproto.Request) (*channel.Stream, error) {
+	c.mu.Lock()
+	req.Epoch = c.epoch
+	c.mu.Unlock()
+	return c.mux.Open(req.Encode())
+}
+
+// Exec starts a shell command; its output is the stream, its exit status
+// the stream's close status.
+func (c *Client) Exec(ctx context.Context, command string) (*channel.Stream, error) {
+	st, err := c.open(agentproto.Request{Op: agentproto.OpExec, Command: command})
+	if err != nil {
+		return nil, err
+	}
+	st.CloseWrite(nil)
+	return st, nil
+}
+
+// Put streams size bytes from r into guestPath (created with mode). The
+// agent renames the file into place only when every byte arrived.
+func (c *Client) Put(ctx context.Context, r io.Reader, mode uint32, guestPath string) (int64, error) {
+	st, err := c.open(agentproto.Request{Op: agentproto.OpPut, Path: guestPath, Mode: mode})
+	if err != nil {
+		return 0, err
+	}
+	n, err := copyContext(ctx, st, r)
+	if errors.Is(err, channel.ErrReset) {
+		return 0, AgentError(err)
+	}
+	if err != nil {
+		st.Reset("host read failed")
+		return 0, err
+	}
+	st.CloseWrite([]byte(fmt.Sprint(n)))
+	if _, err := drain(ctx, st); err != nil {
+		st.Reset("host gave up")
+		return 0, AgentError(err)
+	}
+	got, err := agentproto.ParseOKStatus(st.Status())
+	if err != nil {
+		return 0, err
+	}
+	if got != n {
+		return 0, fmt.Errorf("guest stored %d bytes of %d", got, n)
+	}
+	return n, nil
+}
+
+// Get streams guestPath into w and returns how many bytes arrived; it is
+// an error unless the agent's declared length matches.
+func (c *Client) Get(ctx context.Context, guestPath string, w io.Writer) (int64, error) {
+	st, err := c.open(agentproto.Request{Op: agentproto.OpGet, Path: guestPath})
+	if err != nil {
+		return 0, err
+	}
+	st.CloseWrite(nil)
+	n, err := copyFromStream(ctx, w, st)
+	if err != nil {
+		st.Reset("host gave up")
+		return n, AgentError(err)
+	}
+	want, err := agentproto.ParseOKStatus(st.Status())
+	if err != nil || want != n {
+		return n, fmt.Errorf("transfer incomplete: got %d bytes, guest declared %q", n, st.Status())
+	}
+	return n, nil
+}
+
+// Handshake tells the agent it now serves a new session: the single place
+// where a restored guest learns it is new. It picks a fresh random epoch,
+// which every later request carries, so a request meant for an older
+// session can never run in this one. Driving commands wait for it.
+func (c *Client) Handshake(ctx context.Context, req agentproto.Request) error {
+	epoch := newEpoch()
+	req.Op, req.Epoch = agentproto.OpRestored, epoch
+	st, err := c.mux.Open(req.Encode())
+	if err != nil {
+		return err
+	}
+	st.CloseWrite(nil)
+	if _, err := drain(ctx, st); err != nil {
+		st.Reset("host gave up on the handshake")
+		return fmt.Errorf("post-restore handshake: %w", AgentError(err))
+	}
+	if want := fmt.Sprintf("ok %d", epoch); string(st.Status()) != want {
+		return fmt.Errorf("post-restore handshake: agent answered %q, want %q", truncate(string(st.Status()), 80), want)
+	}
+	c.mu.Lock()
+	c.epoch = epoch
+	c.mu.Unlock()
+	c.markUp()
+	return nil
+}
+
+// PowerOff asks the agent to power the guest off. It returns once the
+// request is on its way; the engine's end says when it happened.
+func (c *Client) PowerOff() error {
+	st, err := c.open(agentproto.Request{Op: agentproto.OpPoweroff})
+	if err != nil {
+		return err
+	}
+	return st.CloseWrite(nil)
+}
+
+// AgentError turns a stream reset into the agent's own message.
+func AgentError(err error) error {
+	if errors.Is(err, channel.ErrReset) {
+		return errors.New(strings.TrimPrefix(err.Error(), channel.ErrReset.Error()+": "))
+	}
+	return err
+}
+
+func newEpoch() uint64 {
+	var b [8]byte
+	for {
+		rand.Read(b[:])
+		if e := binary.LittleEndian.Uint64(b[:]); e != 0 {
+			return e
+		}
+	}
+}
+
+func drain(ctx context.Context, st *channel.Stream) (int64, error) {
+	return copyFromStream(ctx, io.Discard, st)
+}
+
+// copyFromStream copies until end of stream, giving up when ctx ends.
+func copyFromStream(ctx context.Context, w io.Writer, st *channel.Stream) (int64, error) {
+	buf := make([]byte, 32<<10)
+	var n int64
+	for {
+		k, err := st.ReadContext(ctx, buf)
+		if k > 0 {
+			if _, werr := w.Write(buf[:k]); werr != nil {
+				return n, werr
+			}
+			n += int64(k)
+		}
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
+}
+
+// copyContext copies r into the stream, giving up when ctx ends.
+func copyContext(ctx context.Context, st *channel.Stream, r io.Reader) (int64, error) {
+	buf := make([]byte, 32<<10)
+	var n int64
+	for {
+		k, err := r.Read(buf)
+		if k > 0 {
+			if _, werr := st.WriteContext(ctx, buf[:k]); werr != nil {
+				return n, werr
+			}
+			n += int64(k)
+		}
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("reading: %w", err)
+		}
+	}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}

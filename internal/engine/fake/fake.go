@@ -1,0 +1,445 @@
+// Package fake is an engine for tests: an in-memory guest whose agent
+// speaks the real channel and agent protocol, captured and restored
+// through the same seam as QEMU, with faults to inject (a guest that dies
+// mid-command, an agent that never answers the handshake, a frozen
+// engine). It lets the session layer be tested under -race in
+// milliseconds.
+//
+// The fake agent understands a tiny shell: "echo WORDS" prints WORDS,
+// "exit N" exits N, "die" crashes the engine, "hang" never ends, "reset"
+// makes the agent abort the stream; anything else is echoed back and
+// exits 0. Files put into the guest live in the agent's memory and cross
+// captures.
+package fake
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/nethersandbox/nether/internal/agentproto"
+	"github.com/nethersandbox/nether/internal/channel"
+	"github.com/nethersandbox/nether/internal/engine"
+)
+
+// Faults are behaviours to inject into the next machines an Engine starts.
+type Faults struct {
+	// StartErr makes Start fail.
+	StartErr error
+	// HangHandshake: the agent never answers the post-restore handshake.
+	HangHandshake bool
+	// DieInHandshake: the engine dies when the handshake arrives.
+	DieInHandshake bool
+	// Frozen: every engine call (pause, resume, capture, load) blocks
+	// until its context ends, and the guest stops answering, as a QEMU
+	// stopped with SIGSTOP would. Quit still works (it kills).
+	Frozen bool
+	// DieInCapture: the engine dies during Capture.
+	DieInCapture bool
+	// NoHello: the booted agent never says hello.
+	NoHello bool
+}
+
+// Engine makes fake machines.
+type Engine struct {
+	Log *slog.Logger
+
+	mu       sync.Mutex
+	faults   Faults
+	machines []*Machine
+	probes   atomic.Int32
+}
+
+var _ engine.Engine = (*Engine)(nil)
+
+// Version is what Probe and Info report.
+const Version = "1.0.0"
+
+// New returns a fake engine.
+func New(log *slog.Logger) *Engine { return &Engine{Log: log} }
+
+// SetFaults sets what the next machines do.
+func (e *Engine) SetFaults(f Faults) {
+	e.mu.Lock()
+	e.faults = f
+	e.mu.Unlock()
+}
+
+// Machines returns the machines started so far.
+func (e *Engine) Machines() []*Machine {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]*Machine(nil), e.machines...)
+}
+
+// Probes counts Probe calls that did real work.
+func (e *Engine) Probes() int { return int(e.probes.Load()) }
+
+// Probe implements engine.Engine.
+func (e *Engine) Probe(ctx context.Context) (engine.Info, error) {
+	e.probes.Add(1)
+	return engine.Info{Backend: "fake", Version: Version, Machine: "fake-1"}, nil
+}
+
+// Start implements engine.Engine.
+func (e *Engine) Start(ctx context.Context, spec engine.Spec) (engine.Machine, error) {
+	e.mu.Lock()
+	f := e.faults
+	e.mu.Unlock()
+	if f.StartErr != nil {
+		return nil, f.StartErr
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	hostCh, guestCh := net.Pipe()
+	hostCon, guestCon := net.Pipe()
+	m := &Machine{
+		log: e.Log, faults: f, spec: spec,
+		hostCh: hostCh, guestCh: guestCh, hostCon: hostCon, guestCon: guestCon,
+		done: make(chan struct{}), files: map[string][]byte{}, running: make(chan struct{}),
+		info: engine.Info{Backend: "fake", Version: Version, Machine: "fake-1", Accel: spec.Accel},
+	}
+	m.freeze.Store(f.Frozen)
+	go io.Copy(io.Discard, guestCon) // console input goes nowhere
+	if spec.Incoming == nil {
+		m.guest = channel.New(channel.Guest, e.Log)
+		m.guest.Attach(guestCh, true)
+		m.startAgent()
+		close(m.running)
+		if !f.NoHello {
+			m.hello()
+		}
+		go fmt.Fprintf(guestCon, "fake guest booted: %s\n", spec.Cmdline)
+	}
+	e.mu.Lock()
+	e.machines = append(e.machines, m)
+	e.mu.Unlock()
+	return m, nil
+}
+
+// Machine is a fake guest.
+type Machine struct {
+	log    *slog.Logger
+	faults Faults
+	spec   engine.Spec
+	info   engine.Info
+
+	hostCh, guestCh   net.Conn
+	hostCon, guestCon net.Conn
+	guest             *channel.Mux
+
+	running chan struct{} // closed when the guest first runs (boot or resume)
+	freeze  atomic.Bool
+	mu      sync.Mutex
+	files   map[string][]byte
+	epoch   uint64
+	paused  bool
+
+	done     chan struct{}
+	doneOnce sync.Once
+	err      error
+}
+
+var _ engine.Machine = (*Machine)(nil)
+
+// state is what a fake capture writes: the guest's memory, in short.
+type state struct {
+	Guest json.RawMessage   `json:"guest"` // the guest half of the channel
+	Files map[string][]byte `json:"files"`
+	Epoch uint64            `json:"epoch"`
+}
+
+func (m *Machine) Console() io.ReadWriter      { return m.hostCon }
+func (m *Machine) Channel() io.ReadWriteCloser { return m.hostCh }
+func (m *Machine) Done() <-chan struct{}       { return m.done }
+func (m *Machine) Info() engine.Info           { return m.info }
+func (m *Machine) PID() int                    { return os.Getpid() }
+
+func (m *Machine) Usage() engine.Usage { return engine.Usage{Observed: true} }
+
+// Err implements engine.Machine.
+func (m *Machine) Err() error {
+	select {
+	case <-m.done:
+		return m.err
+	default:
+		return nil
+	}
+}
+
+// Epoch is the session epoch the fake agent serves.
+func (m *Machine) Epoch() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.epoch
+}
+
+// File returns a file the guest holds.
+func (m *Machine) File(path string) ([]byte, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, ok := m.files[path]
+	return b, ok
+}
+
+// Crash ends the machine as a crashed engine would.
+func (m *Machine) Crash() { m.end(errors.New("the fake engine crashed")) }
+
+// end stops the machine once; err nil is a guest power-off.
+func (m *Machine) end(err error) {
+	m.doneOnce.Do(func() {
+		m.err = err
+		if m.guest != nil {
+			m.guest.Close()
+		}
+		m.hostCh.Close()
+		m.guestCh.Close()
+		m.hostCon.Close()
+		m.guestCon.Close()
+		close(m.done)
+	})
+}
+
+// Freeze makes the machine behave from now on as a QEMU stopped with
+// SIGSTOP: engine calls block, the guest answers nothing.
+func (m *Machine) Freeze() { m.freeze.Store(true) }
+
+// frozen blocks like a call into a stopped engine process.
+func (m *Machine) frozen(ctx context.Context) error {
+	if !m.freeze.Load() {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("fake engine is frozen: %w", ctx.Err())
+	case <-m.done:
+		return errors.New("fake engine ended")
+	}
+}
+
+// Pause implements engine.Machine.
+func (m *Machine) Pause(ctx context.Context) error {
+	if err := m.frozen(ctx); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.paused = true
+	m.mu.Unlock()
+	m.guest.Freeze()
+	return nil
+}
+
+// Resume implements engine.Machine.
+func (m *Machine) Resume(ctx context.Context) error {
+	if err := m.frozen(ctx); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.paused = false
+	m.mu.Unlock()
+	m.guest.Thaw()
+	select {
+	case <-m.running:
+	default:
+		m.startAgent()
+		close(m.running)
+	}
+	return nil
+}
+
+// Capture implements engine.Machine: the guest's channel half and files
+// go into "state" (the fake's RAM rides in the stream).
+func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Captured, error) {
+	if err := m.frozen(ctx); err != nil {
+		return engine.Captured{}, err
+	}
+	if m.faults.DieInCapture {
+		m.Crash()
+		return engine.Captured{}, errors.New("fake engine died during capture")
+	}
+	guest, err := m.guest.State().Marshal()
+	if err != nil {
+		return engine.Captured{}, err
+	}
+	m.mu.Lock()
+	st := state{Guest: guest, Files: m.files, Epoch: m.epoch}
+	b, err := json.Marshal(st)
+	m.mu.Unlock()
+	if err != nil {
+		return engine.Captured{}, err
+	}
+	f, err := sink.CreateFile("state")
+	if err != nil {
+		return engine.Captured{}, err
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		return engine.Captured{}, err
+	}
+	return engine.Captured{Section: engine.Section{Version: 1, Data: json.RawMessage(`{"fake":true}`)}}, nil
+}
+
+// LoadIncoming implements engine.Machine.
+func (m *Machine) LoadIncoming(ctx context.Context) error {
+	if err := m.frozen(ctx); err != nil {
+		return err
+	}
+	in := m.spec.Incoming
+	if in == nil {
+		return errors.New("not an incoming machine")
+	}
+	if in.Section.Version != 1 {
+		return fmt.Errorf("%w: fake section version %d", engine.ErrSectionVersion, in.Section.Version)
+	}
+	b, err := os.ReadFile(filepath.Join(in.Dir, "state"))
+	if err != nil {
+		return err
+	}
+	var st state
+	if err := json.Unmarshal(b, &st); err != nil {
+		return fmt.Errorf("decoding fake state: %w", err)
+	}
+	cs, err := channel.UnmarshalState(st.Guest)
+	if err != nil {
+		return err
+	}
+	g, err := channel.Restore(cs, m.log)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	m.files, m.epoch, m.paused = st.Files, st.Epoch, true
+	if m.files == nil {
+		m.files = map[string][]byte{}
+	}
+	m.mu.Unlock()
+	g.Freeze() // a loaded machine is paused until Resume
+	m.guest = g
+	g.Attach(m.guestCh, true)
+	return nil
+}
+
+// Quit implements engine.Machine; it always works, even on a frozen fake.
+func (m *Machine) Quit(ctx context.Context) error {
+	m.end(nil)
+	return nil
+}
+
+func (m *Machine) hello() {
+	st, err := m.guest.Open(agentproto.Request{Op: agentproto.OpHello, Boot: "fake"}.Encode())
+	if err != nil {
+		return
+	}
+	st.CloseWrite(nil)
+}
+
+// startAgent serves the streams the host opens, as the real agent does.
+func (m *Machine) startAgent() {
+	g := m.guest
+	go func() {
+		for {
+			st, err := g.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			go m.serve(st)
+		}
+	}()
+}
+
+func (m *Machine) serve(st *channel.Stream) {
+	if m.freeze.Load() {
+		<-m.done // a stopped guest answers nothing
+		return
+	}
+	req, err := agentproto.Decode(st.Meta())
+	if err != nil {
+		st.Reset(err.Error())
+		return
+	}
+	m.mu.Lock()
+	epoch := m.epoch
+	m.mu.Unlock()
+	if err := agentproto.CheckEpoch(req, epoch); err != nil {
+		st.Reset(err.Error())
+		return
+	}
+	switch req.Op {
+	case agentproto.OpExec:
+		m.exec(st, req.Command)
+	case agentproto.OpPut:
+		b, err := io.ReadAll(st)
+		if err != nil {
+			return
+		}
+		m.mu.Lock()
+		m.files[req.Path] = b
+		m.mu.Unlock()
+		st.CloseWrite(agentproto.OKStatus(int64(len(b))))
+	case agentproto.OpGet:
+		io.Copy(io.Discard, st)
+		m.mu.Lock()
+		b, ok := m.files[req.Path]
+		m.mu.Unlock()
+		if !ok {
+			st.Reset(req.Path + ": no such file")
+			return
+		}
+		st.Write(b)
+		st.CloseWrite(agentproto.OKStatus(int64(len(b))))
+	case agentproto.OpRestored:
+		switch {
+		case m.faults.DieInHandshake:
+			m.Crash()
+			return
+		case m.faults.HangHandshake:
+			<-m.done
+			return
+		}
+		m.mu.Lock()
+		m.epoch = req.Epoch
+		m.mu.Unlock()
+		st.CloseWrite([]byte(fmt.Sprintf("ok %d", req.Epoch)))
+	case agentproto.OpPoweroff:
+		st.CloseWrite([]byte("ok 0"))
+		m.end(nil)
+	default:
+		st.Reset("operation not served by the fake agent")
+	}
+}
+
+func (m *Machine) exec(st *channel.Stream, command string) {
+	verb, arg, _ := strings.Cut(strings.TrimSpace(command), " ")
+	switch verb {
+	case "echo":
+		st.Write([]byte(arg + "\n"))
+		st.CloseWrite([]byte("0"))
+	case "exit":
+		n, err := strconv.Atoi(arg)
+		if err != nil {
+			n = 2
+		}
+		st.CloseWrite([]byte(strconv.Itoa(n)))
+	case "die":
+		st.Write([]byte("dying\n"))
+		m.Crash()
+	case "hang":
+		<-m.done
+	case "reset":
+		st.Reset("the fake agent broke: \x1e-1\n")
+	default:
+		st.Write([]byte(command + "\n"))
+		st.CloseWrite([]byte("0"))
+	}
+}

@@ -1,0 +1,126 @@
+package session
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/nethersandbox/nether/internal/control"
+	"github.com/nethersandbox/nether/internal/meter"
+)
+
+// The control server drives the session through these methods.
+var _ control.Backend = (*Session)(nil)
+
+// WaitAgent implements control.Backend.
+func (s *Session) WaitAgent(ctx context.Context) error {
+	select {
+	case <-s.ready:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	return s.agent.WaitUp(ctx)
+}
+
+// Exec implements control.Backend.
+func (s *Session) Exec(ctx context.Context, command string) (control.Output, error) {
+	return s.agent.Exec(ctx, command)
+}
+
+// Put implements control.Backend: the host file is opened inside the
+// transfer jail and streamed; the agent renames it into place only when
+// every byte arrived.
+func (s *Session) Put(ctx context.Context, hostPath, guestPath string) (int64, error) {
+	f, err := s.jail.OpenRead(hostPath)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.agent.Put(ctx, f, uint32(fi.Mode().Perm()), guestPath)
+	if err != nil {
+		return 0, err
+	}
+	s.meter.In(int(n))
+	return n, nil
+}
+
+// Get implements control.Backend: bytes go to a temporary file in the
+// jail that replaces the target only when the agent's declared length
+// matches what arrived.
+func (s *Session) Get(ctx context.Context, guestPath, hostPath string) (int64, error) {
+	af, err := s.jail.Create(hostPath, 0o600)
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.agent.Get(ctx, guestPath, af)
+	if err != nil {
+		af.Abort()
+		return 0, err
+	}
+	if err := af.Commit(); err != nil {
+		return 0, err
+	}
+	s.meter.Out(int(n))
+	return n, nil
+}
+
+// Shutdown implements control.Backend.
+func (s *Session) Shutdown() { s.stop(meter.ReasonShutdown) }
+
+// Info implements control.Backend. It is safe at any moment, including
+// while the machine assembles.
+func (s *Session) Info() string {
+	v := s.getView()
+	agent := "booting"
+	select {
+	case <-s.ready:
+		select {
+		case <-s.agent.Up():
+			agent = "connected"
+		default:
+		}
+	default:
+	}
+	backend := v.engine.Backend
+	if backend == "" {
+		backend = "-"
+	}
+	onOff := map[bool]string{true: "on", false: "off"}
+	dash := func(s string) string {
+		if s == "" {
+			return "-"
+		}
+		return s
+	}
+	var b strings.Builder
+	for _, kv := range [][2]any{
+		{"proto_version", control.ProtoVersion},
+		{"backend", backend},
+		{"engine_version", dash(v.engine.Version)},
+		{"machine", dash(v.engine.Machine)},
+		{"accel", dash(string(v.accel))},
+		{"arch", "x86_64"},
+		{"cpus", s.cfg.CPUs},
+		{"ram_mb", s.cfg.RAMMB},
+		{"sandbox_id", dash(v.identity.SandboxID)},
+		{"hostname", dash(v.identity.Hostname)},
+		{"parent", dash(v.parent)},
+		{"generation", v.identity.Generation},
+		{"snapshot", dash(v.snapshot)},
+		{"net", "off"},
+		{"firewall", "off"},
+		{"gpu", "off"},
+		{"data_plane", "off"},
+		{"egress_plane", "off"},
+		{"max_output_bytes", s.cfg.MaxOutputBytes},
+		{"x402", onOff[s.cfg.X402]},
+		{"agent", agent},
+	} {
+		fmt.Fprintf(&b, "%s=%v\n", kv[0], kv[1])
+	}
+	return b.String()
+}

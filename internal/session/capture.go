@@ -1,0 +1,219 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/meter"
+	"github.com/nethersandbox/nether/internal/snapshot"
+)
+
+// DefaultSnapshotName is where __snapshot__ and __park__ write without a
+// path argument, inside the transfer jail.
+const DefaultSnapshotName = "nether.snap"
+
+// quiescentWait bounds how long the gate waits for the components to
+// settle (a command that just finished may still owe an acknowledgement);
+// drainWait how long a park waits for host-side buffers to drain.
+const (
+	quiescentWait = 300 * time.Millisecond
+	drainWait     = time.Second
+)
+
+// captureTimeout bounds a whole capture: device state and a sparse RAM
+// copy of a few GiB take seconds, never minutes.
+const captureTimeout = 2 * time.Minute
+
+// Snapshot implements control.Backend: capture a base and keep running.
+func (s *Session) Snapshot(ctx context.Context, rel string) (string, error) {
+	res, err := s.capture(ctx, rel, snapshot.KindBase)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("OK snapshot %s kind=base pause_ms=%d ram=%s", res.rel, res.pause.Milliseconds(), res.mode), nil
+}
+
+// Park implements control.Backend: capture a one-shot park and end the
+// session. The guest never runs again in this process. The reply carries
+// the session's bill with the field names of __stats__.
+func (s *Session) Park(ctx context.Context, rel string) (string, error) {
+	res, err := s.capture(ctx, rel, snapshot.KindPark)
+	if err != nil {
+		return "", err
+	}
+	bill := strings.Join(strings.Fields(s.meter.Read().Stats()), " ")
+	return fmt.Sprintf("OK parked %s pause_ms=%d %s", res.rel, res.pause.Milliseconds(), bill), nil
+}
+
+// FinishPark implements control.Backend: called once the park's reply is
+// written, it ends the process with reason=park.
+func (s *Session) FinishPark() { s.stop(meter.ReasonPark) }
+
+type captureResult struct {
+	rel   string
+	pause time.Duration
+	mode  snapshot.RAMMode
+}
+
+// capture writes an artifact. Order matters:
+//
+//  1. the gates: quiescence (no work in flight; snapshot_allow_dirty=1
+//     overrides it, for both kinds) and, for a park, the drain gate (no
+//     host-side bytes owed to the guest; park_dirty=1 overrides only that);
+//  2. freeze the components, so the paused guest's memory and their state
+//     agree, and pause the engine (which drains what we already wrote);
+//  3. save every component's section and the engine's capture;
+//  4. resume (base) or halt for good (park);
+//  5. commit: checksums, metadata, fsync, marker last, rename into place.
+//
+// Any failure removes the partial artifact; a base capture that fails
+// leaves the sandbox running as before. The capture gives up when the
+// session stops (after a grace period) or when ctx ends.
+func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (captureResult, error) {
+	s.captureMu.Lock()
+	defer s.captureMu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, captureTimeout)
+	defer cancel()
+	stop := context.AfterFunc(s.ctx, cancel)
+	defer stop()
+	if rel == "" {
+		rel = DefaultSnapshotName
+	}
+	res := captureResult{rel: rel}
+	select {
+	case <-s.agent.Up():
+	default:
+		return res, errors.New("guest not quiescent: the guest agent is not connected")
+	}
+	if err := waitGate(ctx, quiescentWait, s.comps.quiescent); err != nil {
+		if !s.cfg.SnapshotAllowDirty {
+			return res, fmt.Errorf("guest not quiescent: %v (set snapshot_allow_dirty=1 to capture anyway)", err)
+		}
+		s.log.Warn("capturing a guest that is not quiescent, as configured", "kind", kind, "why", err)
+	}
+	if kind == snapshot.KindPark {
+		// The drain gate: bytes a component holds for the guest on the
+		// host side cannot cross a park.
+		if err := waitGate(ctx, drainWait, s.comps.drained); err != nil {
+			if !s.cfg.ParkDirty {
+				return res, fmt.Errorf("undelivered bytes: %v (set park_dirty=1 to park anyway and lose them)", err)
+			}
+			s.log.Warn("parking with undelivered bytes, as configured (park_dirty=1)", "why", err)
+		}
+	}
+	parent, base, err := s.jail.OpenParent(rel)
+	if err != nil {
+		return res, err
+	}
+	defer parent.Close()
+	w, err := snapshot.Create(parent, base)
+	if err != nil {
+		return res, err
+	}
+	committed := false
+	defer func() {
+		if !committed {
+			w.Abort()
+		}
+	}()
+
+	// 2-3: freeze, pause, capture.
+	start := time.Now()
+	s.comps.freeze()
+	if err := s.machine.Pause(ctx); err != nil {
+		s.comps.thaw()
+		return res, fmt.Errorf("pausing the guest: %w", err)
+	}
+	// Whatever happens from here, a base resumes, and so does a park that
+	// failed before it was committed: the session goes on as if it had
+	// not been asked.
+	resumed := false
+	resumeGuest := func() {
+		if !resumed {
+			resumed = true
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			defer cancel()
+			if err := s.machine.Resume(rctx); err != nil {
+				s.log.Error("resuming after a capture failed", "err", err)
+			}
+			s.comps.thaw()
+		}
+	}
+	fail := func(err error) (captureResult, error) {
+		resumeGuest()
+		return res, err
+	}
+	paused := time.Now()
+	sections := map[string]snapshot.Section{}
+	if err := s.comps.save(sections); err != nil {
+		return fail(err)
+	}
+	captured, err := s.machine.Capture(ctx, w)
+	if err != nil {
+		return fail(err)
+	}
+	sections[snapshot.SectionEngine] = snapshot.Section(captured.Section)
+	res.mode = snapshot.RAMStream
+	if captured.RAMInFile {
+		res.mode = snapshot.RAMFile
+	}
+	if kind == snapshot.KindBase {
+		resumeGuest()
+	}
+	res.pause = time.Since(start)
+	s.log.Info("capture pause", "kind", kind, "pause_ms", res.pause.Milliseconds(),
+		"drain_and_stop_ms", paused.Sub(start).Milliseconds(), "device_state_ms", captured.DeviceState.Milliseconds(),
+		"ram_copy_ms", captured.RAMCopy.Milliseconds(), "ram_bytes", captured.RAMBytes)
+
+	// 5: commit (checksums and fsync happen here, with the guest running
+	// again for a base).
+	fp, err := s.fingerprintWith(s.machine.Info(), s.getView().accel)
+	if err != nil {
+		return fail(err)
+	}
+	meta := &snapshot.Meta{
+		Format:      snapshot.FormatVersion,
+		Kind:        kind,
+		Created:     time.Now().UTC(),
+		Fingerprint: fp,
+		RAMMode:     res.mode,
+		Identity:    s.getView().identity,
+		PauseMS:     res.pause.Milliseconds(),
+		Sections:    sections,
+	}
+	if err := ctx.Err(); err != nil {
+		return fail(fmt.Errorf("capture cancelled: %w", context.Cause(ctx)))
+	}
+	if err := w.Commit(meta); err != nil {
+		return fail(fmt.Errorf("committing snapshot %s: %w", rel, err))
+	}
+	committed = true
+	if kind == snapshot.KindPark {
+		// Nothing may leave the channel now: the artifact holds its future.
+		s.mux.Halt()
+	}
+	s.log.Info("snapshot captured", "kind", kind, "path", rel, "pause_ms", res.pause.Milliseconds(), "ram", res.mode)
+	return res, nil
+}
+
+// waitGate polls a capture gate until it passes or wait runs out (a
+// command that just ended may still owe an acknowledgement for a moment).
+func waitGate(ctx context.Context, wait time.Duration, gate func() error) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := gate()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var _ engine.Sink = (*snapshot.Writer)(nil)

@@ -1,0 +1,185 @@
+package session
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+
+	"github.com/nethersandbox/nether/internal/channel"
+	"github.com/nethersandbox/nether/internal/snapshot"
+)
+
+// Component is a part of the session that holds host-side state which must
+// cross a capture: the channel today; the network stack, the plane
+// bridges, disks and meters as they arrive. Each registers once and owns
+// one versioned section of the artifact's metadata, so adding a plane is
+// adding a component, never editing the capture.
+type Component interface {
+	// Name is the section name: [a-z0-9_]{1,32}, unique in a session.
+	Name() string
+	// Version is the section version this build writes and the newest it
+	// reads.
+	Version() int
+	// Required says a restore cannot go on without this component's
+	// section (an artifact without it is refused).
+	Required() bool
+	// Quiescent is nil when nothing is in flight, or says what is.
+	Quiescent() error
+	// Freeze stops the component changing state the guest could see;
+	// Thaw undoes it. A capture freezes before the engine pauses.
+	Freeze()
+	Thaw()
+	// Save returns the section, while frozen and with the guest paused.
+	Save() (json.RawMessage, error)
+	// Restore loads a section before the guest resumes; data is nil when
+	// the artifact has none (it predates the component).
+	Restore(version int, data json.RawMessage) error
+}
+
+// components is the session's registry, in registration order.
+type components []Component
+
+// save collects every component's section.
+func (cs components) save(into map[string]snapshot.Section) error {
+	for _, c := range cs {
+		data, err := c.Save()
+		if err != nil {
+			return fmt.Errorf("saving %s state: %w", c.Name(), err)
+		}
+		into[c.Name()] = snapshot.Section{Version: c.Version(), Data: data}
+	}
+	return nil
+}
+
+// check refuses an artifact this build cannot fully bring back: a section
+// nobody here owns (from a newer build), a section newer than its owner
+// reads, a required section that is missing. It runs before anything
+// starts, and for validate_snapshot.
+func (cs components) check(sections map[string]snapshot.Section) error {
+	known := map[string]Component{}
+	for _, c := range cs {
+		known[c.Name()] = c
+	}
+	names := make([]string, 0, len(sections))
+	for name := range sections {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		if name == snapshot.SectionEngine {
+			continue
+		}
+		c, ok := known[name]
+		if !ok {
+			return fmt.Errorf("the snapshot needs a %q section, which this nether does not know (it was taken by a newer nether)", name)
+		}
+		if v := sections[name].Version; v > c.Version() {
+			return fmt.Errorf("the snapshot's %q section is version %d; this nether reads up to %d", name, v, c.Version())
+		}
+	}
+	for _, c := range cs {
+		if _, ok := sections[c.Name()]; !ok && c.Required() {
+			return fmt.Errorf("the snapshot has no %q section", c.Name())
+		}
+	}
+	return nil
+}
+
+// restore hands each component its section (nil when absent).
+func (cs components) restore(sections map[string]snapshot.Section) error {
+	for _, c := range cs {
+		sec, ok := sections[c.Name()]
+		var data json.RawMessage
+		if ok {
+			data = sec.Data
+		}
+		if err := c.Restore(sec.Version, data); err != nil {
+			return fmt.Errorf("restoring %s state: %w", c.Name(), err)
+		}
+	}
+	return nil
+}
+
+func (cs components) quiescent() error {
+	for _, c := range cs {
+		if err := c.Quiescent(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// drainer is a component that can hold bytes for the guest on the host
+// side (a plane bridge's ring). A park refuses while any is undrained:
+// those bytes are host memory a park cannot carry.
+type drainer interface {
+	Drained() error
+}
+
+func (cs components) drained() error {
+	for _, c := range cs {
+		if d, ok := c.(drainer); ok {
+			if err := d.Drained(); err != nil {
+				return fmt.Errorf("%s: %w", c.Name(), err)
+			}
+		}
+	}
+	return nil
+}
+
+func (cs components) freeze() {
+	for _, c := range cs {
+		c.Freeze()
+	}
+}
+
+func (cs components) thaw() {
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i].Thaw()
+	}
+}
+
+// channelComponent is the host half of the channel. On a restore it is
+// rebuilt from its section; on a boot it starts empty.
+type channelComponent struct {
+	mux *channel.Mux
+	// restored is the Mux a Restore built, for the session to take.
+	restored *channel.Mux
+	newMux   func(st *channel.State) (*channel.Mux, error)
+}
+
+func (c *channelComponent) Name() string   { return "channel" }
+func (c *channelComponent) Version() int   { return channel.StateVersion }
+func (c *channelComponent) Required() bool { return true }
+func (c *channelComponent) Freeze()        { c.mux.Freeze() }
+func (c *channelComponent) Thaw()          { c.mux.Thaw() }
+
+func (c *channelComponent) Quiescent() error {
+	if ok, why := c.mux.Settled(); !ok {
+		return fmt.Errorf("channel: %s", why)
+	}
+	return nil
+}
+
+func (c *channelComponent) Save() (json.RawMessage, error) {
+	return c.mux.State().Marshal()
+}
+
+func (c *channelComponent) Restore(version int, data json.RawMessage) error {
+	st, err := channel.UnmarshalState(data)
+	if err != nil {
+		return err
+	}
+	if st.Role != channel.Host {
+		return fmt.Errorf("channel state is not a host half")
+	}
+	if c.newMux == nil {
+		return nil // validation only
+	}
+	mux, err := c.newMux(st)
+	if err != nil {
+		return err
+	}
+	c.mux, c.restored = mux, mux
+	return nil
+}

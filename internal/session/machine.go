@@ -1,0 +1,396 @@
+package session
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+
+	"github.com/oklog/ulid/v2"
+
+	"github.com/nethersandbox/nether/internal/agentclient"
+	"github.com/nethersandbox/nether/internal/agentproto"
+	"github.com/nethersandbox/nether/internal/channel"
+	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/snapshot"
+)
+
+// DefaultHostname is a booted sandbox's hostname when nether.conf names
+// none.
+const DefaultHostname = "sandbox"
+
+// KernelCmdline is the guest kernel's command line for a boot. (A restore
+// runs with the command line the captured machine booted with: that is the
+// engine's business.)
+//
+// quiet: every console byte is an emulated port write under TCG; no
+// crypto self-tests, no PS/2 probing, no audit or AppArmor (nothing in the
+// guest uses them): each shaves boot time.
+func KernelCmdline(consoleMode bool, hostname string) string {
+	c := "console=ttyS0 quiet panic=-1 nether.hostname=" + hostname +
+		" cryptomgr.notests i8042.noaux i8042.nokbd audit=0 apparmor=0 no_timer_check"
+	if consoleMode {
+		c += " nether.console=1"
+	}
+	return c
+}
+
+// GuestFiles returns the kernel and image a configuration boots: its own
+// kernel=/image= or what setup built in guestDir.
+func GuestFiles(cfg *conf.Config, guestDir string) (kernel, image string) {
+	kernel, image = cfg.Kernel, cfg.Image
+	if kernel == "" {
+		kernel = filepath.Join(guestDir, "vmlinux")
+	}
+	if image == "" {
+		image = filepath.Join(guestDir, "initramfs.cpio")
+	}
+	return kernel, image
+}
+
+// assemble is the one path that brings a machine up: resolve the
+// accelerator, start the engine (booting, or waiting for a captured
+// state), restore the components and load the state, resume, and hand
+// the agent its new session. On success the session's machine, channel
+// and agent client are set and ready is closed; on failure whatever
+// started is stopped.
+func (s *Session) assemble(consoleMode bool) (err error) {
+	ctx := s.ctx
+	accel, why, err := engine.ResolveAccel(s.cfg.Accel, engine.ReadHostFacts())
+	if err != nil {
+		return err
+	}
+	s.log.Info("accelerator chosen", "accel", accel, "why", why)
+	s.kernel, s.image = GuestFiles(s.cfg, s.opt.GuestDir)
+	s.digests = newDigests(s.opt.GuestDir)
+
+	id := s.cfg.SandboxID
+	if id == "" {
+		id = ulid.Make().String()
+	}
+	hostname := s.cfg.Hostname
+	if hostname == "" {
+		hostname = DefaultHostname
+	}
+	s.setView(func(v *view) {
+		v.accel = accel
+		v.identity = snapshot.Identity{SandboxID: id, Hostname: hostname, TrustClass: "default"}
+	})
+
+	runDir, releaseRunDir, err := makeRunDir(s.opt.TempDir, s.log)
+	if err != nil {
+		return err
+	}
+	// The engine's sockets are connected once Start returns; nothing in
+	// the run directory is needed after that, so it never outlives the
+	// start, however the process ends later.
+	defer releaseRunDir()
+	spec := engine.Spec{
+		CPUs: s.cfg.CPUs, RAMMB: s.cfg.RAMMB, Accel: accel,
+		Kernel: s.kernel, Initrd: s.image, Cmdline: KernelCmdline(consoleMode, hostname),
+		RunDir: runDir, MemDir: s.opt.MemDir,
+	}
+
+	var r *restoring
+	if s.cfg.Restore {
+		if r, err = s.openArtifact(ctx, &spec); err != nil {
+			return err
+		}
+		defer r.close()
+	}
+	m, err := s.opt.Engine.Start(ctx, spec)
+	if err != nil {
+		if r != nil {
+			return fmt.Errorf("restoring %s: %w", r.art.Dir, err)
+		}
+		return fmt.Errorf("booting the guest: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			m.Quit(ctx)
+		}
+	}()
+	s.meter.SetUsage(m.Usage)
+	info := m.Info()
+	s.setView(func(v *view) { v.engine = info })
+	s.log.Info("guest starting", "engine", info.Backend, "version", info.Version, "machine", info.Machine,
+		"pid", m.PID(), "restore", r != nil)
+
+	cc := &channelComponent{newMux: func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }}
+	comps := components{cc}
+	if r == nil {
+		cc.mux = channel.New(channel.Host, s.log)
+		s.install(m, cc.mux, comps, 0)
+		return nil
+	}
+	return s.finishRestore(ctx, r, m, cc, comps)
+}
+
+// install makes an assembled machine the session's and starts serving
+// the streams the guest opens.
+func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components, epoch uint64) *agentclient.Client {
+	mux.Attach(m.Channel(), false)
+	s.machine, s.mux, s.comps = m, mux, comps
+	s.agent = agentclient.New(s.log, mux, epoch)
+	go s.agent.Serve(s.ctx)
+	go func() {
+		// The engine's end closes every stream that waits on the guest.
+		select {
+		case <-m.Done():
+			mux.Close()
+		case <-s.ctx.Done():
+		}
+	}()
+	close(s.ready)
+	return s.agent
+}
+
+// restoring is an artifact being restored.
+type restoring struct {
+	art   *snapshot.Artifact
+	claim *snapshot.Claim // a park's one-shot claim
+	// verified delivers the checksum verification, which runs while the
+	// engine starts: both take a while and neither needs the other.
+	verified <-chan error
+	resumed  bool
+	fork     bool              // a base: a new sandbox; else a park's wake
+	next     snapshot.Identity // who the restored sandbox is
+}
+
+func (r *restoring) close() {
+	if r.verified != nil {
+		<-r.verified
+	}
+	if r.claim != nil && !r.resumed {
+		r.claim.Release() // the guest never ran: the park can be woken again
+	}
+}
+
+// openArtifact opens, claims (a park) and checks an artifact, starts its
+// verification, and turns spec into a restore of it.
+func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec) (*restoring, error) {
+	art, err := snapshot.Open(s.cfg.RestoreFrom)
+	if err != nil {
+		return nil, err
+	}
+	r := &restoring{art: art}
+	if art.Meta.Kind == snapshot.KindPark {
+		// Exactly one wake per park: the claim is atomic across processes.
+		if r.claim, err = art.Claim(); err != nil {
+			return nil, err
+		}
+	}
+	fail := func(err error) (*restoring, error) {
+		r.close()
+		return nil, fmt.Errorf("snapshot %s: %w", art.Dir, err)
+	}
+	if err := (components{&channelComponent{}}).check(art.Meta.Sections); err != nil {
+		return fail(err)
+	}
+	probe, err := s.opt.Engine.Probe(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	fp, err := s.fingerprintWith(probe, spec.Accel)
+	if err != nil {
+		return fail(err)
+	}
+	if err := art.Match(fp); err != nil {
+		r.close()
+		return nil, err
+	}
+	r.fork = art.Meta.Kind == snapshot.KindBase
+	r.next = s.restoredIdentity(art.Meta.Identity, r.fork)
+	s.setView(func(v *view) {
+		v.identity = r.next
+		v.snapshot = art.Dir
+		v.parent = art.Meta.Identity.SandboxID
+	})
+	verified := make(chan error, 1)
+	go func() { verified <- art.Verify(ctx) }()
+	r.verified = verified
+	spec.Incoming = &engine.Incoming{
+		Dir:            art.Dir,
+		Section:        engine.Section(art.Meta.Sections[snapshot.SectionEngine]),
+		OneShot:        art.Meta.Kind == snapshot.KindPark,
+		KeepGeneration: !s.cfg.ForkReseed,
+	}
+	return r, nil
+}
+
+// finishRestore brings a started incoming machine to a running session:
+// checksums, components, device state, identity, resume, handshake.
+func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Machine, cc *channelComponent, comps components) error {
+	art, meta := r.art, &r.art.Meta
+	err := <-r.verified
+	r.verified = nil
+	if err != nil {
+		return err
+	}
+	if err := comps.restore(meta.Sections); err != nil {
+		return fmt.Errorf("snapshot %s: %w", art.Dir, err)
+	}
+	if err := m.LoadIncoming(ctx); err != nil {
+		return fmt.Errorf("restoring %s: %w", art.Dir, err)
+	}
+	fork, captured, next := r.fork, meta.Identity, r.next
+	var machineID string
+	if fork {
+		machineID = randomHex(16)
+	}
+	ac := s.install(m, cc.restored, comps, 0)
+	s.adoptOrphans(fork)
+	if err := m.Resume(ctx); err != nil {
+		return fmt.Errorf("resuming the restored guest: %w", err)
+	}
+	r.resumed = true
+	if r.claim != nil {
+		// The park is consumed the moment its guest runs again; the
+		// engine's own copy of the memory keeps it alive.
+		if err := r.claim.Consume(); err != nil {
+			s.log.Error("removing the consumed park", "err", err)
+		}
+	}
+	if s.cfg.ForkReseed {
+		s.log.Info("fork crng reseed: new VM generation id")
+	} else {
+		s.log.Warn("fork_reseed=0: the guest keeps the captured VM generation id and CRNG state")
+	}
+	hctx, cancel := context.WithTimeout(ctx, s.opt.HandshakeTimeout)
+	defer cancel()
+	req := agentproto.Request{Fork: fork, MachineID: machineID}
+	if fork || next.Hostname != captured.Hostname {
+		req.Hostname = next.Hostname
+	}
+	if err := ac.Handshake(hctx, req); err != nil {
+		if errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("the restored guest's agent did not answer the handshake within %s", s.opt.HandshakeTimeout)
+		}
+		return err
+	}
+	s.log.Info("restored", "from", art.Dir, "kind", meta.Kind, "generation", next.Generation,
+		"sandbox", next.SandboxID, "parent", captured.SandboxID)
+	return nil
+}
+
+// restoredIdentity is who a restore of captured becomes. A fork is a new
+// sandbox (an id and hostname handed in, or minted); a woken park is the
+// same sandbox, one generation on.
+func (s *Session) restoredIdentity(captured snapshot.Identity, fork bool) snapshot.Identity {
+	next := captured
+	next.Generation++
+	if fork {
+		// A child inherits the computation, never the identity.
+		next.SandboxID, next.ParentID = s.getView().identity.SandboxID, captured.SandboxID
+		next.Hostname = s.cfg.Hostname
+		if next.Hostname == "" {
+			next.Hostname = "sandbox-" + strings.ToLower(tail(next.SandboxID, 8))
+		}
+		return next
+	}
+	if s.cfg.SandboxID != "" && s.cfg.SandboxID != captured.SandboxID {
+		s.log.Warn("nether.conf names another sandbox_id than the parked one; using the configured one",
+			"configured", s.cfg.SandboxID, "parked", captured.SandboxID)
+		next.SandboxID = s.cfg.SandboxID
+	}
+	if s.cfg.Hostname != "" {
+		next.Hostname = s.cfg.Hostname
+	}
+	return next
+}
+
+// adoptOrphans deals with streams the captured host half had open: their
+// owners (clients of the old process) are gone. A fork is a new session,
+// so they are reset. A woken park continues the same session: their bytes
+// are drained and counted, so a command in flight at the park still runs
+// to its end in the guest and the channel shows nothing lost.
+func (s *Session) adoptOrphans(fork bool) {
+	for _, st := range s.mux.Streams() {
+		req, _ := agentproto.Decode(st.Meta())
+		if fork {
+			st.Reset("the session that opened this stream ended at a snapshot")
+			continue
+		}
+		go func() {
+			n, err := io.Copy(io.Discard, st)
+			s.log.Info("in-flight stream from before the park finished", "stream", st.ID(),
+				"op", req.Op, "command", req.Command, "bytes_after_wake", n, "status", string(st.Status()), "err", err)
+		}()
+	}
+}
+
+// fingerprintWith is everything a restore of this configuration must
+// match, with the engine described by info.
+func (s *Session) fingerprintWith(info engine.Info, accel engine.Accel) (snapshot.Fingerprint, error) {
+	return Fingerprint(info, accel, s.cfg.CPUs, s.cfg.RAMMB, s.kernel, s.image, s.digests)
+}
+
+// Fingerprint is what an artifact taken with this engine, accelerator,
+// shape and guest files records.
+func Fingerprint(info engine.Info, accel engine.Accel, cpus, ramMB int, kernel, image string, d *digests) (snapshot.Fingerprint, error) {
+	k, err := d.of(kernel)
+	if err != nil {
+		return snapshot.Fingerprint{}, err
+	}
+	i, err := d.of(image)
+	if err != nil {
+		return snapshot.Fingerprint{}, err
+	}
+	return snapshot.Fingerprint{
+		Engine: info.Backend, EngineVersion: info.Version, Machine: info.Machine, Accel: string(accel),
+		KernelSHA256: k, ImageSHA256: i, CPUs: cpus, RAMMB: ramMB,
+	}, nil
+}
+
+// Validate checks an artifact against this nether without booting
+// anything and returns its one-line summary.
+func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir string) (string, error) {
+	accel, _, err := engine.ResolveAccel(cfg.Accel, engine.ReadHostFacts())
+	if err != nil {
+		return "", err
+	}
+	art, err := snapshot.Open(cfg.ValidateSnapshot)
+	if err != nil {
+		return "", err
+	}
+	if err := (components{&channelComponent{}}).check(art.Meta.Sections); err != nil {
+		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
+	}
+	if err := (components{&channelComponent{}}).restore(art.Meta.Sections); err != nil {
+		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
+	}
+	info, err := eng.Probe(ctx)
+	if err != nil {
+		return "", err
+	}
+	kernel, image := GuestFiles(cfg, guestDir)
+	fp, err := Fingerprint(info, accel, cfg.CPUs, cfg.RAMMB, kernel, image, newDigests(guestDir))
+	if err != nil {
+		return "", err
+	}
+	if err := art.Match(fp); err != nil {
+		return "", err
+	}
+	if err := art.Verify(ctx); err != nil {
+		return "", err
+	}
+	return art.Summary(), nil
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,347 @@
+// Package session is one nether process: a sandbox from its boot or
+// restore to exactly one final usage record, whatever stops it. It owns
+// a root context that stop, a signal or the engine's death cancels; every
+// wait on the guest hangs from it or has a deadline.
+//
+// The work is split by job: this file is the lifecycle; machine.go the one
+// path that assembles a machine (boot and restore share it); capture.go
+// snapshots and parks; component.go the state that crosses a capture; the
+// agent client (internal/agentclient) speaks to the guest.
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nethersandbox/nether/internal/agentclient"
+	"github.com/nethersandbox/nether/internal/channel"
+	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/internal/control"
+	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/jail"
+	"github.com/nethersandbox/nether/internal/meter"
+	"github.com/nethersandbox/nether/internal/snapshot"
+)
+
+// ConsoleLog is the file in the launch directory the serial console always
+// goes to.
+const ConsoleLog = "console.log"
+
+// Timeouts of the stop path. A SIGTERM ends the process within about
+// captureGrace + powerOffWait + the engine's own quit bound, even with a
+// frozen engine.
+const (
+	// captureGrace is how long a stop lets a capture in progress commit
+	// before cancelling it (a cancelled capture removes its partial
+	// artifact).
+	captureGrace = 2 * time.Second
+	// powerOffWait is how long the guest gets to power off cleanly.
+	powerOffWait = 4 * time.Second
+	// handshakeTimeout bounds the post-restore handshake: a healthy agent
+	// answers in milliseconds, even under TCG.
+	handshakeTimeout = 20 * time.Second
+)
+
+// Options are the process-level inputs of a session.
+type Options struct {
+	Config *conf.Config
+	Engine engine.Engine
+	Log    *slog.Logger
+	Stdout io.Writer // the final usage record, and the console in console mode
+	Stdin  io.Reader // console input in console mode (may be nil)
+	// GuestDir holds the default kernel and image (vmlinux,
+	// initramfs.cpio) that setup built.
+	GuestDir string
+	// Signals delivers SIGTERM/SIGINT; nil means the process's own.
+	Signals <-chan os.Signal
+	// TempDir is where run directories go; "" is os.TempDir().
+	TempDir string
+	// MemDir is where an engine may keep guest memory; "" lets the
+	// engine choose.
+	MemDir string
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+	// HandshakeTimeout and PowerOffWait override the defaults
+	// (handshakeTimeout, powerOffWait); tests shorten them.
+	HandshakeTimeout time.Duration
+	PowerOffWait     time.Duration
+}
+
+// Session is a running sandbox.
+type Session struct {
+	opt   Options
+	cfg   *conf.Config
+	log   *slog.Logger
+	meter *meter.Meter
+	jail  *jail.Jail
+	ctl   *control.Server
+
+	ctx    context.Context // the root context
+	cancel context.CancelCauseFunc
+
+	kernel, image string
+	digests       *digests
+
+	// Set once by assemble, before ready is closed; read freely after.
+	machine engine.Machine
+	mux     *channel.Mux
+	agent   *agentclient.Client
+	comps   components
+	ready   chan struct{}
+
+	mu   sync.Mutex // guards view
+	view view       // what __info__ reports; changes as the session assembles
+
+	stopCh    chan string // a stop request carrying its reason
+	stopOnce  sync.Once
+	captureMu sync.Mutex // one capture at a time; the stop path takes it too
+}
+
+// view is the session's public face, read by __info__ while the machine
+// is still assembling.
+type view struct {
+	engine   engine.Info
+	accel    engine.Accel
+	identity snapshot.Identity
+	snapshot string // the artifact restored from, "" for a boot
+	parent   string
+}
+
+// errStopping is the cause of the root context's cancellation.
+var errStopping = errors.New("nether is stopping")
+
+// Run runs a session to its end and returns the process exit code.
+func Run(opt Options) int {
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.HandshakeTimeout == 0 {
+		opt.HandshakeTimeout = handshakeTimeout
+	}
+	if opt.PowerOffWait == 0 {
+		opt.PowerOffWait = powerOffWait
+	}
+	s := &Session{
+		opt: opt, cfg: opt.Config, log: opt.Log,
+		stopCh: make(chan string, 1), ready: make(chan struct{}),
+	}
+	s.meter = meter.New(opt.Now, s.cfg.RAMMB, s.cfg.CPUs)
+	s.ctx, s.cancel = context.WithCancelCause(context.Background())
+	reason, err := s.run()
+	s.cancel(errStopping)
+	rec := s.meter.Read()
+	if err != nil {
+		s.log.Error("nether stopped on an error", "err", err)
+	}
+	fmt.Fprintln(opt.Stdout, meter.FinalLine(reason, s.cfg.X402, rec))
+	if reason == meter.ReasonError {
+		return 1
+	}
+	return 0
+}
+
+func (s *Session) run() (reason string, err error) {
+	sigs := s.opt.Signals
+	if sigs == nil {
+		ch := make(chan os.Signal, 2)
+		signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+		defer signal.Stop(ch)
+		sigs = ch
+	}
+	// A client that disconnects mid-write must never kill nether.
+	signal.Ignore(syscall.SIGPIPE)
+
+	consoleMode := s.cfg.ControlSocket == ""
+	if consoleMode && s.cfg.Restore {
+		return meter.ReasonError, errors.New("restore=1 needs control_socket: a restored sandbox is driven over its control socket")
+	}
+	if !consoleMode {
+		j, err := jail.Open(s.cfg.Dir)
+		if err != nil {
+			return meter.ReasonError, fmt.Errorf("pinning the transfer jail: %w", err)
+		}
+		s.jail = j
+		defer j.Close()
+		s.ctl = control.New(s.log, s, s.meter, s.cfg.MaxOutputBytes)
+		if err := s.ctl.Listen(s.cfg.ControlSocket); err != nil {
+			return meter.ReasonError, err
+		}
+		defer s.ctl.Close()
+		go s.ctl.Serve(s.ctx)
+		s.log.Info("control socket ready", "path", s.cfg.ControlSocket)
+	}
+
+	// Assembly runs beside the wait for signals and stop requests, so a
+	// SIGTERM during a boot or a restore ends the process as promptly as
+	// one later on: it cancels the root context, and every wait inside
+	// assembly gives up.
+	assembled := make(chan error, 1)
+	go func() { assembled <- s.assemble(consoleMode) }()
+	defer s.quitMachine()
+
+	var engineDone <-chan struct{}
+	var consoleDone <-chan struct{}
+	for engineDone == nil {
+		select {
+		case err := <-assembled:
+			if err != nil {
+				return meter.ReasonError, err
+			}
+			engineDone = s.machine.Done()
+			if consoleDone, err = s.pumpConsole(consoleMode); err != nil {
+				return meter.ReasonError, err
+			}
+		case sig := <-sigs:
+			return s.stopDuringAssembly(signalReason(sig), assembled)
+		case r := <-s.stopCh:
+			return s.stopDuringAssembly(r, assembled)
+		}
+	}
+
+	select {
+	case <-engineDone:
+		<-consoleDone
+		if err := s.machine.Err(); err != nil {
+			return meter.ReasonError, err
+		}
+		return meter.ReasonPoweroff, nil
+	case sig := <-sigs:
+		reason = signalReason(sig)
+		s.log.Info("signal received; stopping", "signal", sig)
+	case reason = <-s.stopCh:
+	}
+	s.teardown(reason)
+	<-consoleDone
+	return reason, nil
+}
+
+func signalReason(sig os.Signal) string {
+	if sig == os.Interrupt {
+		return meter.ReasonSIGINT
+	}
+	return meter.ReasonSIGTERM
+}
+
+// stopDuringAssembly ends a session whose machine is not up yet: cancel
+// everything, wait (bounded, since every wait in assembly is) for the
+// assembly to give up, and let the deferred quit stop whatever started.
+func (s *Session) stopDuringAssembly(reason string, assembled <-chan error) (string, error) {
+	s.log.Info("stopping while the sandbox is still starting", "reason", reason)
+	if s.ctl != nil {
+		s.ctl.Close()
+	}
+	s.cancel(errStopping)
+	<-assembled
+	return reason, nil
+}
+
+// teardown is an orderly stop of a running machine: close the control
+// socket first so nobody starts new work, let a capture in progress commit
+// or clean up after itself (a SIGTERM must not leave half an artifact, and
+// a wedged engine must not hold the stop), then ask the guest to power
+// off, then make sure it is gone.
+func (s *Session) teardown(reason string) {
+	if s.ctl != nil {
+		s.ctl.Close()
+	}
+	locked := make(chan struct{})
+	go func() {
+		s.captureMu.Lock()
+		close(locked)
+	}()
+	select {
+	case <-locked:
+	case <-time.After(captureGrace):
+		s.log.Warn("a capture in progress did not finish in time; cancelling it", "waited", captureGrace)
+		s.cancel(errStopping)
+		<-locked
+	}
+	defer s.captureMu.Unlock()
+	if reason == meter.ReasonPark {
+		// The guest must never run again: its future is the park.
+		s.quitMachine()
+		return
+	}
+	s.powerOff(s.opt.PowerOffWait)
+	s.cancel(errStopping)
+}
+
+// powerOff asks the agent to power the guest off and waits for the engine
+// to exit, then forces it.
+func (s *Session) powerOff(wait time.Duration) {
+	select {
+	case <-s.agent.Up():
+		if err := s.agent.PowerOff(); err != nil {
+			break // the channel is gone (a park halted it): stop the engine
+		}
+		select {
+		case <-s.machine.Done():
+			return
+		case <-time.After(wait):
+			s.log.Warn("guest did not power off in time; stopping the engine", "waited", wait)
+		}
+	default:
+	}
+	s.quitMachine()
+}
+
+// quitMachine stops the engine, if one started; safe to call repeatedly.
+func (s *Session) quitMachine() {
+	select {
+	case <-s.ready:
+		s.machine.Quit(s.ctx)
+	default:
+	}
+}
+
+// pumpConsole copies the serial console into console.log in the launch
+// directory, and in console mode to stdout too (with stdin going back in).
+func (s *Session) pumpConsole(consoleMode bool) (<-chan struct{}, error) {
+	logPath := filepath.Join(s.cfg.Dir, ConsoleLog)
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the console log: %w", err)
+	}
+	var w io.Writer = f
+	console := s.machine.Console()
+	if consoleMode {
+		w = io.MultiWriter(f, s.opt.Stdout)
+		if s.opt.Stdin != nil {
+			go io.Copy(console, s.opt.Stdin)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer f.Close()
+		io.Copy(w, console)
+	}()
+	return done, nil
+}
+
+// stop asks the session to end with reason; the first request wins.
+func (s *Session) stop(reason string) {
+	s.stopOnce.Do(func() { s.stopCh <- reason })
+}
+
+// setView updates what __info__ reports.
+func (s *Session) setView(f func(v *view)) {
+	s.mu.Lock()
+	f(&s.view)
+	s.mu.Unlock()
+}
+
+func (s *Session) getView() view {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.view
+}

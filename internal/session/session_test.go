@@ -1,0 +1,527 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nethersandbox/nether/client"
+	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/internal/engine/fake"
+)
+
+// These tests run whole sessions against the fake engine: the real
+// control server, channel, agent client, capture and restore paths, with
+// an in-memory guest. They run under -race in CI.
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// slog's text handler escapes quotes inside values.
+	return strings.ReplaceAll(l.b.String(), `\"`, `"`)
+}
+
+// sandbox is one session under test.
+type sandbox struct {
+	t     *testing.T
+	dir   string
+	sock  string
+	sigs  chan os.Signal
+	out   *lockedBuffer
+	logs  *lockedBuffer
+	exit  chan int
+	code  int
+	ended bool
+	eng   *fake.Engine
+}
+
+// guestFiles are the stand-in kernel and image every test sandbox boots.
+func guestFiles(t *testing.T) (kernel, image string) {
+	dir := t.TempDir()
+	kernel, image = filepath.Join(dir, "vmlinux"), filepath.Join(dir, "initramfs.cpio")
+	os.WriteFile(kernel, []byte("fake kernel"), 0o644)
+	os.WriteFile(image, []byte("fake image"), 0o644)
+	return kernel, image
+}
+
+// start runs a session in dir (made if "") with nether.conf = the
+// control socket, the fake guest files and extra.
+func start(t *testing.T, eng *fake.Engine, dir, extra string, tweak ...func(*Options)) *sandbox {
+	t.Helper()
+	if dir == "" {
+		var err error
+		// Short: a Unix socket path has a 108-byte limit.
+		if dir, err = os.MkdirTemp("", "nst-"); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+	}
+	kernel, image := guestFiles(t)
+	sock := filepath.Join(dir, "ctl.sock")
+	text := fmt.Sprintf("control_socket = %s\naccel = tcg\nkernel = %s\nimage = %s\n%s", sock, kernel, image, extra)
+	if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := conf.Load(dir)
+	if err != nil {
+		t.Fatalf("nether.conf: %v", err)
+	}
+	sb := &sandbox{t: t, dir: dir, sock: sock, sigs: make(chan os.Signal, 1), out: &lockedBuffer{}, logs: &lockedBuffer{}, exit: make(chan int, 1), eng: eng}
+	opt := Options{
+		Config: cfg, Engine: eng, Stdout: sb.out, Signals: sb.sigs, TempDir: t.TempDir(),
+		Log:              slog.New(slog.NewTextHandler(io.MultiWriter(sb.logs, testWriter{t}), &slog.HandlerOptions{Level: slog.LevelDebug})),
+		HandshakeTimeout: 5 * time.Second, PowerOffWait: 500 * time.Millisecond,
+	}
+	for _, f := range tweak {
+		f(&opt)
+	}
+	go func() { sb.exit <- Run(opt) }()
+	t.Cleanup(func() {
+		if !sb.ended {
+			sb.sigs <- syscall.SIGTERM
+			sb.wait(10 * time.Second)
+		}
+	})
+	return sb
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// dial connects, retrying while the socket appears.
+func (sb *sandbox) dial() *client.Client {
+	sb.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := client.Dial(ctx, sb.sock)
+		cancel()
+		if err == nil {
+			sb.t.Cleanup(func() { c.Close() })
+			return c
+		}
+		if time.Now().After(deadline) {
+			sb.t.Fatalf("dialing %s: %v", sb.sock, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// run sends a command and returns its output and exit code.
+func run(t *testing.T, c *client.Client, line string) (string, int, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	exit, err := c.Run(ctx, line, &out)
+	return out.String(), exit, err
+}
+
+func mustRun(t *testing.T, c *client.Client, line string) string {
+	t.Helper()
+	out, exit, err := run(t, c, line)
+	if err != nil || exit != 0 {
+		t.Fatalf("%s: exit %d, err %v, output %q", line, exit, err, out)
+	}
+	return out
+}
+
+func infoOf(t *testing.T, c *client.Client) map[string]string {
+	t.Helper()
+	body := mustRun(t, c, "__info__")
+	m := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(body), "\n") {
+		k, v, _ := strings.Cut(line, "=")
+		m[k] = v
+	}
+	return m
+}
+
+// wait waits for the session to end and checks it printed exactly one
+// final record.
+func (sb *sandbox) wait(limit time.Duration) (code int, reason string) {
+	sb.t.Helper()
+	if !sb.ended {
+		select {
+		case sb.code = <-sb.exit:
+			sb.ended = true
+		case <-time.After(limit):
+			sb.t.Fatalf("the session did not end within %s", limit)
+		}
+	}
+	re := regexp.MustCompile(`\[nether\] final usage \(reason=([a-z_]+)\)`)
+	all := re.FindAllStringSubmatch(sb.out.String(), -1)
+	if len(all) != 1 {
+		sb.t.Fatalf("want exactly one final record, got %d in %q", len(all), sb.out.String())
+	}
+	return sb.code, all[0][1]
+}
+
+func (sb *sandbox) expectEnd(limit time.Duration, wantCode int, wantReason string) {
+	sb.t.Helper()
+	start := time.Now()
+	code, reason := sb.wait(limit)
+	if code != wantCode || reason != wantReason {
+		sb.t.Fatalf("ended with exit %d reason=%s, want exit %d reason=%s", code, reason, wantCode, wantReason)
+	}
+	sb.t.Logf("session ended in %s", time.Since(start).Round(time.Millisecond))
+}
+
+func TestBootDriveShutdown(t *testing.T) {
+	eng := fake.New(slog.Default())
+	sb := start(t, eng, "", "sandbox_id = sb-one\nhostname = box\n")
+	c := sb.dial()
+	mustRun(t, c, "echo up") // waits for the agent
+	info := infoOf(t, c)
+	for k, want := range map[string]string{
+		"sandbox_id": "sb-one", "hostname": "box", "parent": "-", "generation": "0", "snapshot": "-",
+		"agent": "connected", "backend": "fake", "engine_version": fake.Version, "accel": "tcg",
+	} {
+		if info[k] != want {
+			t.Errorf("__info__ %s=%q, want %q", k, info[k], want)
+		}
+	}
+	cases := []struct {
+		line     string
+		wantOut  string
+		wantExit int
+	}{
+		{"echo hello", "hello\n", 0},
+		{"exit 3", "", 3},
+		// A guest that aborts a command yields 255, never its own text
+		// as a control error.
+		{"reset", "", 255},
+	}
+	for _, tc := range cases {
+		t.Run(tc.line, func(t *testing.T) {
+			out, exit, err := run(t, c, tc.line)
+			if err != nil || exit != tc.wantExit || out != tc.wantOut {
+				t.Fatalf("got %q exit %d err %v; want %q exit %d", out, exit, err, tc.wantOut, tc.wantExit)
+			}
+		})
+	}
+	os.WriteFile(filepath.Join(sb.dir, "in.txt"), []byte("payload"), 0o600)
+	mustRun(t, c, "__put__ in.txt /tmp/x")
+	if b, _ := eng.Machines()[0].File("/tmp/x"); string(b) != "payload" {
+		t.Fatalf("guest file = %q", b)
+	}
+	mustRun(t, c, "__get__ /tmp/x back.txt")
+	if b, _ := os.ReadFile(filepath.Join(sb.dir, "back.txt")); string(b) != "payload" {
+		t.Fatalf("host file = %q", b)
+	}
+	if _, exit, err := run(t, c, "__get__ /nope nope.txt"); err == nil || exit >= 0 {
+		t.Fatalf("get of a missing guest file: exit %d err %v", exit, err)
+	}
+	if _, err := os.Stat(filepath.Join(sb.dir, "nope.txt")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a failed get left %s behind", "nope.txt")
+	}
+	mustRun(t, c, "__shutdown__")
+	sb.expectEnd(5*time.Second, 0, "shutdown")
+}
+
+func TestConfigIdentityValidatedAndMinted(t *testing.T) {
+	sb := start(t, fake.New(slog.Default()), "", "")
+	c := sb.dial()
+	mustRun(t, c, "echo up")
+	info := infoOf(t, c)
+	if !regexp.MustCompile(`^[0-9A-Z]{26}$`).MatchString(info["sandbox_id"]) || info["hostname"] != DefaultHostname {
+		t.Fatalf("minted identity: sandbox_id=%q hostname=%q", info["sandbox_id"], info["hostname"])
+	}
+}
+
+// TestInfoWhileAssembling: __info__ is answered, race-free, while the
+// machine assembles (run under -race).
+func TestInfoWhileAssembling(t *testing.T) {
+	eng := fake.New(slog.Default())
+	eng.SetFaults(fake.Faults{NoHello: true})
+	sb := start(t, eng, "", "")
+	c := sb.dial()
+	for range 50 {
+		if info := infoOf(t, c); info["agent"] != "booting" {
+			t.Fatalf("agent=%q before any hello", info["agent"])
+		}
+	}
+	sb.sigs <- syscall.SIGTERM
+	sb.expectEnd(5*time.Second, 0, "sigterm")
+}
+
+// snapshotBase boots a sandbox, captures a base and stops it.
+func snapshotBase(t *testing.T, eng *fake.Engine, name string) (path, id string) {
+	t.Helper()
+	sb := start(t, eng, "", "")
+	c := sb.dial()
+	id = infoOf(t, c)["sandbox_id"]
+	mustRun(t, c, "__put__ nether.conf /etc/base-marker")
+	out := mustRun(t, c, "__snapshot__ "+name)
+	if !strings.HasPrefix(out, "OK snapshot "+name+" kind=base") {
+		t.Fatalf("snapshot reply %q", out)
+	}
+	keep := t.TempDir()
+	path = filepath.Join(keep, name)
+	mustRun(t, c, "__shutdown__")
+	sb.expectEnd(5*time.Second, 0, "shutdown")
+	if err := os.Rename(filepath.Join(sb.dir, name), path); err != nil {
+		t.Fatal(err)
+	}
+	return path, id
+}
+
+func TestForkParkWake(t *testing.T) {
+	eng := fake.New(slog.Default())
+	base, baseID := snapshotBase(t, eng, "base")
+
+	fork := start(t, eng, "", "restore = 1\nrestore_from = "+base+"\n")
+	c := fork.dial()
+	mustRun(t, c, "echo up")
+	info := infoOf(t, c)
+	if info["parent"] != baseID || info["generation"] != "1" || info["snapshot"] != base ||
+		info["sandbox_id"] == baseID || !strings.HasPrefix(info["hostname"], "sandbox-") {
+		t.Fatalf("fork __info__: %v (base %s)", info, baseID)
+	}
+	forkID := info["sandbox_id"]
+	m := eng.Machines()[len(eng.Machines())-1]
+	if m.Epoch() == 0 {
+		t.Fatal("the fork's agent still serves the base's epoch")
+	}
+	if b, ok := m.File("/etc/base-marker"); !ok || len(b) == 0 {
+		t.Fatal("the fork lost the base's guest state")
+	}
+	if out := mustRun(t, c, "echo from the fork"); out != "from the fork\n" {
+		t.Fatalf("fork output %q", out)
+	}
+	park := mustRun(t, c, "__park__ p")
+	// The bill carries __stats__'s field names.
+	for _, f := range []string{"uptime_ms=", "commands=", "bytes_in=", "net_tx_bytes=", "net_rx_bytes="} {
+		if !strings.Contains(park, f) {
+			t.Errorf("OK parked reply %q lacks %s", park, f)
+		}
+	}
+	fork.expectEnd(5*time.Second, 0, "park")
+	parkPath := filepath.Join(t.TempDir(), "p")
+	if err := os.Rename(filepath.Join(fork.dir, "p"), parkPath); err != nil {
+		t.Fatal(err)
+	}
+
+	wake := start(t, eng, "", "restore = 1\nrestore_from = "+parkPath+"\n")
+	wc := wake.dial()
+	mustRun(t, wc, "echo up")
+	info = infoOf(t, wc)
+	if info["sandbox_id"] != forkID || info["generation"] != "2" || info["parent"] != forkID {
+		t.Fatalf("woken __info__: %v (fork %s)", info, forkID)
+	}
+	mustRun(t, wc, "echo awake")
+
+	again := start(t, eng, "", "restore = 1\nrestore_from = "+parkPath+"\n")
+	again.expectEnd(5*time.Second, 1, "error")
+	if !strings.Contains(again.logs.String(), "park") {
+		t.Fatalf("second wake's error does not mention the park: %s", again.logs.String())
+	}
+}
+
+func TestCaptureGates(t *testing.T) {
+	eng := fake.New(slog.Default())
+	sb := start(t, eng, "", "")
+	// A client starts a command that never ends and leaves: the command
+	// runs on in the guest, so a stream stays open.
+	c1 := sb.dial()
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	c1.Run(ctx, "hang", io.Discard)
+	cancel()
+	c1.Close()
+	c := sb.dial()
+	for _, cmd := range []string{"__snapshot__ s", "__park__ p"} {
+		out, exit, err := run(t, c, cmd)
+		if err == nil || exit != -1 && !strings.Contains(err.Error(), "snapshot_allow_dirty=1") {
+			t.Fatalf("%s with a command in flight: %q exit %d err %v", cmd, out, exit, err)
+		}
+		if !strings.Contains(err.Error(), "snapshot_allow_dirty=1") {
+			t.Fatalf("%s refusal does not name snapshot_allow_dirty: %v", cmd, err)
+		}
+	}
+	for _, name := range []string{"s", "p"} {
+		if _, err := os.Stat(filepath.Join(sb.dir, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("a refused capture left %s", name)
+		}
+	}
+}
+
+func TestGuestDiesMidCommand(t *testing.T) {
+	eng := fake.New(slog.Default())
+	sb := start(t, eng, "", "")
+	c := sb.dial()
+	_, exit, err := run(t, c, "die")
+	if err == nil && exit != 255 {
+		t.Fatalf("a command whose engine died: exit %d err %v", exit, err)
+	}
+	sb.expectEnd(5*time.Second, 1, "error")
+}
+
+func TestGuestDiesMidCapture(t *testing.T) {
+	eng := fake.New(slog.Default())
+	eng.SetFaults(fake.Faults{DieInCapture: true})
+	sb := start(t, eng, "", "")
+	c := sb.dial()
+	if _, _, err := run(t, c, "__snapshot__ s"); err == nil {
+		t.Fatal("a capture whose engine died succeeded")
+	}
+	sb.expectEnd(5*time.Second, 1, "error")
+	entries, _ := os.ReadDir(sb.dir)
+	for _, e := range entries {
+		if strings.Contains(e.Name(), "s") && e.IsDir() {
+			t.Fatalf("a failed capture left %s", e.Name())
+		}
+	}
+}
+
+// TestRestoreFaults: a restore whose guest wedges or dies in the
+// handshake, or whose engine is frozen, always ends, with one record.
+func TestRestoreFaults(t *testing.T) {
+	base, _ := snapshotBase(t, fake.New(slog.Default()), "base")
+	cases := []struct {
+		name       string
+		faults     fake.Faults
+		sigterm    bool
+		wantCode   int
+		wantReason string
+		wantLog    string
+	}{
+		{"handshake never answered", fake.Faults{HangHandshake: true}, false, 1, "error", "did not answer the handshake"},
+		{"sigterm during a hung handshake", fake.Faults{HangHandshake: true}, true, 0, "sigterm", ""},
+		{"engine dies in the handshake", fake.Faults{DieInHandshake: true}, false, 1, "error", "handshake"},
+		{"frozen engine, sigterm", fake.Faults{Frozen: true}, true, 0, "sigterm", ""},
+		{"engine fails to start", fake.Faults{StartErr: errors.New("no engine today")}, false, 1, "error", "no engine today"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := fake.New(slog.Default())
+			eng.SetFaults(tc.faults)
+			sb := start(t, eng, "", "restore = 1\nrestore_from = "+base+"\n", func(o *Options) {
+				o.HandshakeTimeout = 300 * time.Millisecond
+			})
+			if tc.sigterm {
+				time.Sleep(100 * time.Millisecond)
+				sb.sigs <- syscall.SIGTERM
+			}
+			sb.expectEnd(5*time.Second, tc.wantCode, tc.wantReason)
+			if tc.wantLog != "" && !strings.Contains(sb.logs.String(), tc.wantLog) {
+				t.Fatalf("log lacks %q", tc.wantLog)
+			}
+		})
+	}
+	// The base is unharmed and still restores.
+	eng := fake.New(slog.Default())
+	sb := start(t, eng, "", "restore = 1\nrestore_from = "+base+"\n")
+	mustRun(t, sb.dial(), "echo still good")
+}
+
+// TestFrozenEngineStops: a running sandbox whose engine freezes still ends
+// on SIGTERM and on __shutdown__, with one final record each.
+func TestFrozenEngineStops(t *testing.T) {
+	for _, how := range []string{"sigterm", "shutdown"} {
+		t.Run(how, func(t *testing.T) {
+			eng := fake.New(slog.Default())
+			sb := start(t, eng, "", "")
+			c := sb.dial()
+			mustRun(t, c, "echo up")
+			eng.Machines()[0].Freeze()
+			if how == "sigterm" {
+				sb.sigs <- syscall.SIGTERM
+			} else {
+				mustRun(t, c, "__shutdown__")
+			}
+			sb.expectEnd(5*time.Second, 0, how)
+		})
+	}
+}
+
+// TestSectionsRefusedByName: an artifact needing a section this build
+// does not know, or a newer version of one it knows, is refused naming
+// it, by a restore and by validate_snapshot alike.
+func TestSectionsRefusedByName(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(sections map[string]any)
+		want string
+	}{
+		{"unknown section", func(s map[string]any) {
+			s["netstack"] = map[string]any{"version": 1, "data": map[string]any{}}
+		}, `needs a "netstack" section`},
+		{"newer channel", func(s map[string]any) {
+			s["channel"].(map[string]any)["version"] = 99
+		}, `"channel" section is version 99`},
+		{"missing channel", func(s map[string]any) { delete(s, "channel") }, `no "channel" section`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			base, _ := snapshotBase(t, fake.New(slog.Default()), "base")
+			editMeta(t, base, tc.edit)
+			sb := start(t, fake.New(slog.Default()), "", "restore = 1\nrestore_from = "+base+"\n")
+			sb.expectEnd(5*time.Second, 1, "error")
+			if !strings.Contains(sb.logs.String(), tc.want) {
+				t.Fatalf("restore log lacks %q", tc.want)
+			}
+			cfg := &conf.Config{Accel: "tcg", CPUs: 1, RAMMB: 512, ValidateSnapshot: base}
+			cfg.Kernel, cfg.Image = guestFiles(t)
+			_, err := Validate(context.Background(), cfg, fake.New(slog.Default()), t.TempDir())
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("validate: %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// editMeta rewrites an artifact's sections and re-seals its marker, as a
+// newer (or broken) nether would have written it.
+func editMeta(t *testing.T, dir string, edit func(map[string]any)) {
+	t.Helper()
+	p := filepath.Join(dir, "meta.json")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m["sections"].(map[string]any))
+	b, _ = json.Marshal(m)
+	b = append(b, '\n')
+	os.Chmod(p, 0o600)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	marker := fmt.Sprintf("nether-snapshot v2 meta-sha256=%s\n", hex.EncodeToString(sum[:]))
+	if err := os.WriteFile(filepath.Join(dir, "COMMITTED"), []byte(marker), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
