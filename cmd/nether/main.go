@@ -52,7 +52,8 @@ park and exits. A new nether restores either from its own directory:
   restore = 1
   restore_from = /absolute/path/of/the/artifact
   control_socket = ...
-  snapshot_allow_dirty, park_dirty  capture even when not quiescent (0)
+  snapshot_allow_dirty  snapshot or park with a command in flight (0)
+  park_dirty        park even with host-side bytes undelivered (0)
   fork_reseed       new vmgenid generation per restore, so the guest
                     reseeds its CRNG (default 1)
 validate_snapshot = <path> checks an artifact without booting and exits:
