@@ -1,0 +1,86 @@
+package session
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/nethersandbox/nether/internal/snapshot"
+)
+
+// recorder is a component that records what the session asked of it.
+type recorder struct {
+	name     string
+	version  int
+	required bool
+	busy     error
+	restored []string
+}
+
+func (r *recorder) Name() string     { return r.name }
+func (r *recorder) Version() int     { return r.version }
+func (r *recorder) Required() bool   { return r.required }
+func (r *recorder) Quiescent() error { return r.busy }
+func (r *recorder) Freeze()          {}
+func (r *recorder) Thaw()            {}
+func (r *recorder) Save() (json.RawMessage, error) {
+	return json.RawMessage(`{"of":"` + r.name + `"}`), nil
+}
+func (r *recorder) Restore(v int, data json.RawMessage) error {
+	r.restored = append(r.restored, string(data))
+	return nil
+}
+
+func TestComponentsCheck(t *testing.T) {
+	sec := func(v int) snapshot.Section { return snapshot.Section{Version: v, Data: json.RawMessage(`{}`)} }
+	comps := components{
+		&recorder{name: "channel", version: 1, required: true},
+		&recorder{name: "netstack", version: 2},
+	}
+	cases := []struct {
+		name     string
+		sections map[string]snapshot.Section
+		want     string // "" = accepted
+	}{
+		{"all present", map[string]snapshot.Section{"engine": sec(1), "channel": sec(1), "netstack": sec(2)}, ""},
+		{"older optional section", map[string]snapshot.Section{"engine": sec(1), "channel": sec(1), "netstack": sec(1)}, ""},
+		// An artifact from before a component existed restores; the
+		// component starts fresh.
+		{"optional section absent", map[string]snapshot.Section{"engine": sec(1), "channel": sec(1)}, ""},
+		{"required section absent", map[string]snapshot.Section{"engine": sec(1)}, `no "channel" section`},
+		{"unknown section", map[string]snapshot.Section{"engine": sec(1), "channel": sec(1), "disks": sec(1)}, `needs a "disks" section`},
+		{"newer section", map[string]snapshot.Section{"engine": sec(1), "channel": sec(1), "netstack": sec(3)}, `"netstack" section is version 3; this nether reads up to 2`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := comps.check(tc.sections)
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+				t.Fatalf("check: %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestComponentsSaveRestoreQuiescent(t *testing.T) {
+	a, b := &recorder{name: "a", version: 1}, &recorder{name: "b", version: 4}
+	comps := components{a, b}
+	out := map[string]snapshot.Section{}
+	if err := comps.save(out); err != nil {
+		t.Fatal(err)
+	}
+	if out["b"].Version != 4 || string(out["a"].Data) != `{"of":"a"}` {
+		t.Fatalf("saved %v", out)
+	}
+	delete(out, "b")
+	if err := comps.restore(out); err != nil {
+		t.Fatal(err)
+	}
+	if a.restored[0] != `{"of":"a"}` || b.restored[0] != "" {
+		t.Fatalf("restored a=%q b=%q (b had no section: want nil data)", a.restored, b.restored)
+	}
+	b.busy = errors.New("2 flows open")
+	if err := comps.quiescent(); err == nil || !strings.Contains(err.Error(), "2 flows open") {
+		t.Fatalf("quiescent: %v", err)
+	}
+}
