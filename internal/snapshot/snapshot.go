@@ -240,7 +240,7 @@ func isHexSHA256(s string) bool {
 // checked by validateFiles once it is known.
 func validateHeader(m *Meta) error {
 	if m.Format != FormatVersion {
-		return errc(ErrIncompatible, nil, "format version %d, this nether reads %d", m.Format, FormatVersion)
+		return formatErr(m.Format)
 	}
 	if m.Kind != KindBase && m.Kind != KindPark {
 		return errc(ErrInvalid, nil, "unknown kind %q", m.Kind)
@@ -280,6 +280,19 @@ func validateHeader(m *Meta) error {
 		}
 	}
 	return nil
+}
+
+// formatErr refuses an artifact of another format version, saying what to
+// do about it.
+func formatErr(v int) error {
+	hint := ""
+	switch {
+	case v < FormatVersion:
+		hint = " (it was written by an older nether: capture it again)"
+	case v > FormatVersion:
+		hint = " (it was written by a newer nether)"
+	}
+	return errc(ErrIncompatible, nil, "format version %d, this nether reads %d%s", v, FormatVersion, hint)
 }
 
 func validSectionName(s string) bool {

@@ -469,7 +469,7 @@ func load(dirfd int, path string) (*Artifact, error) {
 		return nil, err
 	}
 	if ver != FormatVersion {
-		return nil, errc(ErrIncompatible, nil, "format version %d, this nether reads %d", ver, FormatVersion)
+		return nil, formatErr(ver)
 	}
 	if exists(dirfd, fileClaimed) {
 		// Both markers: a claim is mid-flight (link fallback) or was
@@ -505,7 +505,7 @@ func decodeMeta(raw []byte) (*Meta, error) {
 		return nil, errc(ErrCorrupt, err, "%s is not valid metadata: %v", fileMeta, err)
 	}
 	if probe.Format != FormatVersion {
-		return nil, errc(ErrIncompatible, nil, "format version %d, this nether reads %d", probe.Format, FormatVersion)
+		return nil, formatErr(probe.Format)
 	}
 	var m Meta
 	dec := json.NewDecoder(bytes.NewReader(raw))
