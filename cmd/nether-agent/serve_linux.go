@@ -59,7 +59,7 @@ func (a *agent) serve(s *channel.Stream) {
 	}
 	switch req.Op {
 	case agentproto.OpExec:
-		a.exec(s, req.Command)
+		a.exec(s, string(req.Command))
 	case agentproto.OpPut:
 		a.put(s, req)
 	case agentproto.OpGet:
@@ -175,7 +175,7 @@ func guestPath(p string) (string, error) {
 // an interrupted transfer never leaves a half-written file under the
 // target's name.
 func (a *agent) put(s *channel.Stream, req agentproto.Request) {
-	path, err := guestPath(req.Path)
+	path, err := guestPath(string(req.Path))
 	if err != nil {
 		s.Reset(err.Error())
 		return
@@ -229,7 +229,7 @@ func (a *agent) put(s *channel.Stream, req agentproto.Request) {
 }
 
 func (a *agent) get(s *channel.Stream, req agentproto.Request) {
-	path, err := guestPath(req.Path)
+	path, err := guestPath(string(req.Path))
 	if err != nil {
 		s.Reset(err.Error())
 		return

@@ -147,14 +147,14 @@ func TestServeEpoch(t *testing.T) {
 			name:     "exec from before the restore",
 			restores: []uint64{9},
 			req: func(t *testing.T, e env) agentproto.Request {
-				return agentproto.Request{Op: agentproto.OpExec, Command: "touch " + e.marks}
+				return agentproto.Request{Op: agentproto.OpExec, Command: agentproto.Text("touch " + e.marks)}
 			},
 			wantReset: "stale session epoch 0 (agent serves 9)",
 		},
 		{
 			name: "exec stamped with an epoch on a fresh guest",
 			req: func(t *testing.T, e env) agentproto.Request {
-				return agentproto.Request{Op: agentproto.OpExec, Command: "touch " + e.marks, Epoch: 5}
+				return agentproto.Request{Op: agentproto.OpExec, Command: agentproto.Text("touch " + e.marks), Epoch: 5}
 			},
 			wantReset: "stale session epoch 5 (agent serves 0)",
 		},
@@ -162,7 +162,7 @@ func TestServeEpoch(t *testing.T) {
 			name:     "exec from the session before the last restore",
 			restores: []uint64{5, 9},
 			req: func(t *testing.T, e env) agentproto.Request {
-				return agentproto.Request{Op: agentproto.OpExec, Command: "touch " + e.marks, Epoch: 5}
+				return agentproto.Request{Op: agentproto.OpExec, Command: agentproto.Text("touch " + e.marks), Epoch: 5}
 			},
 			wantReset: "stale session epoch 5 (agent serves 9)",
 		},
@@ -170,7 +170,7 @@ func TestServeEpoch(t *testing.T) {
 			name:     "put from before the restore",
 			restores: []uint64{newEpoch},
 			req: func(t *testing.T, e env) agentproto.Request {
-				return agentproto.Request{Op: agentproto.OpPut, Path: e.marks}
+				return agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(e.marks)}
 			},
 			body:      "stale",
 			wantReset: fmt.Sprintf("stale session epoch 0 (agent serves %d)", uint64(newEpoch)),
@@ -178,7 +178,7 @@ func TestServeEpoch(t *testing.T) {
 		{
 			name: "put on a fresh guest",
 			req: func(t *testing.T, e env) agentproto.Request {
-				return agentproto.Request{Op: agentproto.OpPut, Path: e.marks}
+				return agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(e.marks)}
 			},
 			body: "hello",
 			check: func(t *testing.T, e env, r result) {
@@ -189,7 +189,7 @@ func TestServeEpoch(t *testing.T) {
 			name:     "put after the restore",
 			restores: []uint64{newEpoch},
 			req: func(t *testing.T, e env) agentproto.Request {
-				return agentproto.Request{Op: agentproto.OpPut, Path: e.marks, Epoch: newEpoch}
+				return agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(e.marks), Epoch: newEpoch}
 			},
 			body: "fresh",
 			check: func(t *testing.T, e env, r result) {
@@ -204,7 +204,7 @@ func TestServeEpoch(t *testing.T) {
 			restores: []uint64{9},
 			req: func(t *testing.T, e env) agentproto.Request {
 				writeFile(t, e.marks, "secret")
-				return agentproto.Request{Op: agentproto.OpGet, Path: e.marks}
+				return agentproto.Request{Op: agentproto.OpGet, Path: agentproto.Text(e.marks)}
 			},
 			wantReset: "stale session epoch 0 (agent serves 9)",
 		},
@@ -213,7 +213,7 @@ func TestServeEpoch(t *testing.T) {
 			restores: []uint64{9},
 			req: func(t *testing.T, e env) agentproto.Request {
 				writeFile(t, e.marks, "data")
-				return agentproto.Request{Op: agentproto.OpGet, Path: e.marks, Epoch: 9}
+				return agentproto.Request{Op: agentproto.OpGet, Path: agentproto.Text(e.marks), Epoch: 9}
 			},
 			check: func(t *testing.T, e env, r result) {
 				if r.out != "data" || r.status != "ok 4" {
@@ -245,7 +245,7 @@ func TestServeEpoch(t *testing.T) {
 			name:     "handshake back to a fresh epoch",
 			restores: []uint64{9, 0},
 			req: func(t *testing.T, e env) agentproto.Request {
-				return agentproto.Request{Op: agentproto.OpPut, Path: e.marks}
+				return agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(e.marks)}
 			},
 			body: "zero",
 			check: func(t *testing.T, e env, r result) {
@@ -301,7 +301,7 @@ func TestServeEpochChangeMidStream(t *testing.T) {
 	target := filepath.Join(dir, "f")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := ta.host.Open(agentproto.Request{Op: agentproto.OpPut, Path: target}.Encode())
+	s, err := ta.host.Open(agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(target)}.Encode())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -337,7 +337,7 @@ func TestServeEpochChangeMidStream(t *testing.T) {
 	wantFile(t, target, body)
 
 	t.Run("a new request of the old session is refused", func(t *testing.T) {
-		r := ta.do(t, agentproto.Request{Op: agentproto.OpPut, Path: target}, "late")
+		r := ta.do(t, agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(target)}, "late")
 		if !errors.Is(r.err, channel.ErrReset) || !strings.Contains(r.err.Error(), "stale session epoch 0 (agent serves 9)") {
 			t.Fatalf("late put: status %q, err %v; want the stale-epoch reset", r.status, r.err)
 		}

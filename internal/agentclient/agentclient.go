@@ -110,7 +110,7 @@ func (c *Client) open(req agentproto.Request) (*channel.Stream, error) {
 // Exec starts a shell command; its output is the stream, its exit status
 // the stream's close status.
 func (c *Client) Exec(ctx context.Context, command string) (*channel.Stream, error) {
-	st, err := c.open(agentproto.Request{Op: agentproto.OpExec, Command: command})
+	st, err := c.open(agentproto.Request{Op: agentproto.OpExec, Command: agentproto.Text(command)})
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +121,7 @@ func (c *Client) Exec(ctx context.Context, command string) (*channel.Stream, err
 // Put streams size bytes from r into guestPath (created with mode). The
 // agent renames the file into place only when every byte arrived.
 func (c *Client) Put(ctx context.Context, r io.Reader, mode uint32, guestPath string) (int64, error) {
-	st, err := c.open(agentproto.Request{Op: agentproto.OpPut, Path: guestPath, Mode: mode})
+	st, err := c.open(agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(guestPath), Mode: mode})
 	if err != nil {
 		return 0, err
 	}
@@ -151,7 +151,7 @@ func (c *Client) Put(ctx context.Context, r io.Reader, mode uint32, guestPath st
 // Get streams guestPath into w and returns how many bytes arrived; it is
 // an error unless the agent's declared length matches.
 func (c *Client) Get(ctx context.Context, guestPath string, w io.Writer) (int64, error) {
-	st, err := c.open(agentproto.Request{Op: agentproto.OpGet, Path: guestPath})
+	st, err := c.open(agentproto.Request{Op: agentproto.OpGet, Path: agentproto.Text(guestPath)})
 	if err != nil {
 		return 0, err
 	}

@@ -117,7 +117,7 @@ func TestDispatcher(t *testing.T) {
 	c := New(slog.Default(), host, 0)
 	got := make(chan string, 1)
 	c.Handle(agentproto.OpExec, func(ctx context.Context, st *channel.Stream, req agentproto.Request) {
-		got <- req.Command
+		got <- string(req.Command)
 		st.CloseWrite([]byte("handled"))
 	})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -40,7 +40,27 @@ import (
 
 // Version is bumped on any incompatible change to this package.
 // 2: the agent refuses host requests whose Epoch is not its session epoch.
-const Version = 2
+// 3: Command and Path travel as base64 (Text), byte for byte.
+const Version = 3
+
+// Text is a string carried byte for byte. JSON strings must be UTF-8, and
+// encoding/json replaces every byte that is not with U+FFFD, so a command
+// line or a path holding such a byte would reach the guest changed. Text
+// travels as base64 instead.
+type Text string
+
+// MarshalJSON implements json.Marshaler.
+func (t Text) MarshalJSON() ([]byte, error) { return json.Marshal([]byte(t)) }
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (t *Text) UnmarshalJSON(b []byte) error {
+	var raw []byte
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return err
+	}
+	*t = Text(raw)
+	return nil
+}
 
 // Operations.
 const (
@@ -59,8 +79,8 @@ const (
 type Request struct {
 	Op      string `json:"op"`
 	Version int    `json:"version,omitempty"`
-	Command string `json:"command,omitempty"` // exec
-	Path    string `json:"path,omitempty"`    // put, get
+	Command Text   `json:"command,omitempty"` // exec
+	Path    Text   `json:"path,omitempty"`    // put, get
 	Mode    uint32 `json:"mode,omitempty"`    // put: permission bits
 	Boot    string `json:"boot,omitempty"`    // hello: the guest's boot id
 	// hello: guest uptime in ms when the agent started, when its modules

@@ -377,23 +377,23 @@ func (m *Machine) serve(st *channel.Stream) {
 	}
 	switch req.Op {
 	case agentproto.OpExec:
-		m.exec(st, req.Command)
+		m.exec(st, string(req.Command))
 	case agentproto.OpPut:
 		b, err := io.ReadAll(st)
 		if err != nil {
 			return
 		}
 		m.mu.Lock()
-		m.files[req.Path] = b
+		m.files[string(req.Path)] = b
 		m.mu.Unlock()
 		st.CloseWrite(agentproto.OKStatus(int64(len(b))))
 	case agentproto.OpGet:
 		io.Copy(io.Discard, st)
 		m.mu.Lock()
-		b, ok := m.files[req.Path]
+		b, ok := m.files[string(req.Path)]
 		m.mu.Unlock()
 		if !ok {
-			st.Reset(req.Path + ": no such file")
+			st.Reset(string(req.Path) + ": no such file")
 			return
 		}
 		st.Write(b)
