@@ -50,15 +50,20 @@ const (
 // absolute and cleaned, so consumers never depend on the process's current
 // directory.
 type Config struct {
-	Dir            string       // absolute launch directory the file was read from
-	ControlSocket  string       // "" = console mode; else absolute path of the control socket
-	CPUs           int          // 1..32, default 1
-	RAMMB          int          // 128..65536, default 512
-	MaxOutputBytes int64        // per-command output cap; 0 = unlimited; default 1 MiB
-	X402           bool         // settlement framing of the teardown record; default off
-	Accel          engine.Accel // default auto; the engine's own type, resolved there
-	Kernel         string       // "" = default image built by setup; else absolute path of a regular file
-	Image          string       // "" = default initramfs built by setup; else absolute path of a regular file
+	Dir            string // absolute launch directory the file was read from
+	ControlSocket  string // "" = console mode; else absolute path of the control socket
+	CPUs           int    // 1..32, default 1
+	RAMMB          int    // 128..65536, default 512
+	MaxOutputBytes int64  // per-command output cap; 0 = unlimited; default 1 MiB
+	// MaxTransferBytes bounds one __put__ or __get__; 0 = unlimited.
+	MaxTransferBytes int64
+	// ConsoleLogMaxBytes bounds console.log: past it, the older half is
+	// dropped. 0 = unlimited.
+	ConsoleLogMaxBytes int64
+	X402               bool         // settlement framing of the teardown record; default off
+	Accel              engine.Accel // default auto; the engine's own type, resolved there
+	Kernel             string       // "" = default image built by setup; else absolute path of a regular file
+	Image              string       // "" = default initramfs built by setup; else absolute path of a regular file
 
 	// Snapshot / fork keys.
 	Restore            bool   // boot by restoring RestoreFrom instead of a fresh boot
@@ -92,9 +97,14 @@ func Defaults(dir string) *Config {
 		CPUs:           1,
 		RAMMB:          512,
 		MaxOutputBytes: 1 << 20,
-		Accel:          engine.AccelAuto,
-		ForkReseed:     true,
-		Set:            map[string]int{},
+		// A transfer larger than this is more likely a runaway (a sparse
+		// 100 GiB file) than a payload; a platform that moves bigger files
+		// raises it.
+		MaxTransferBytes:   1 << 30,
+		ConsoleLogMaxBytes: 4 << 20,
+		Accel:              engine.AccelAuto,
+		ForkReseed:         true,
+		Set:                map[string]int{},
 	}
 }
 
@@ -362,6 +372,27 @@ var fields = []field{
 			return msg
 		},
 		func(c *Config) string { return strconv.FormatInt(c.MaxOutputBytes, 10) }},
+	{"max_transfer_bytes",
+		func(c *Config, v string) string {
+			n, msg := parseUint(v)
+			if msg == "" {
+				c.MaxTransferBytes = n
+			}
+			return msg
+		},
+		func(c *Config) string { return strconv.FormatInt(c.MaxTransferBytes, 10) }},
+	{"console_log_max_bytes",
+		func(c *Config, v string) string {
+			n, msg := parseUint(v)
+			if msg == "" && n != 0 && n < 64<<10 {
+				return fmt.Sprintf("%d is below the minimum of 65536 (0 = unlimited)", n)
+			}
+			if msg == "" {
+				c.ConsoleLogMaxBytes = n
+			}
+			return msg
+		},
+		func(c *Config) string { return strconv.FormatInt(c.ConsoleLogMaxBytes, 10) }},
 	{"x402",
 		func(c *Config, v string) string { return setBool(&c.X402, v) },
 		func(c *Config) string { return onOff(c.X402) }},

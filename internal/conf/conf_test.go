@@ -51,6 +51,7 @@ func TestDefaults(t *testing.T) {
 	c := Defaults(dir)
 	want := &Config{
 		Dir: dir, CPUs: 1, RAMMB: 512, MaxOutputBytes: 1048576,
+		MaxTransferBytes: 1 << 30, ConsoleLogMaxBytes: 4 << 20,
 		Accel: engine.AccelAuto, ForkReseed: true, Set: map[string]int{},
 	}
 	if !reflect.DeepEqual(c, want) {
@@ -101,6 +102,10 @@ func TestParseKeys(t *testing.T) {
 		{"ram_mb max", "ram_mb = 65536", func(t *testing.T, c *Config) { eq(t, c.RAMMB, 65536) }},
 		{"max_output_bytes", "max_output_bytes = 4096", func(t *testing.T, c *Config) { eq(t, c.MaxOutputBytes, int64(4096)) }},
 		{"max_output_bytes unlimited", "max_output_bytes = 0", func(t *testing.T, c *Config) { eq(t, c.MaxOutputBytes, int64(0)) }},
+		{"max_transfer_bytes", "max_transfer_bytes = 1024", func(t *testing.T, c *Config) { eq(t, c.MaxTransferBytes, int64(1024)) }},
+		{"max_transfer_bytes unlimited", "max_transfer_bytes = 0", func(t *testing.T, c *Config) { eq(t, c.MaxTransferBytes, int64(0)) }},
+		{"console_log_max_bytes", "console_log_max_bytes = 65536", func(t *testing.T, c *Config) { eq(t, c.ConsoleLogMaxBytes, int64(65536)) }},
+		{"console_log_max_bytes unlimited", "console_log_max_bytes = 0", func(t *testing.T, c *Config) { eq(t, c.ConsoleLogMaxBytes, int64(0)) }},
 		{"max_output_bytes int64 max", "max_output_bytes = 9223372036854775807", func(t *testing.T, c *Config) {
 			eq(t, c.MaxOutputBytes, int64(9223372036854775807))
 		}},
@@ -271,6 +276,8 @@ func TestParseErrors(t *testing.T) {
 		{"ram_mb too big", "ram_mb = 65537", 1, "ram_mb", "out of range (128..65536)"},
 		{"ram_mb abc", "\n\nram_mb = abc", 3, "ram_mb", `nether.conf:3: ram_mb: "abc" is not a whole number`},
 		{"max_output_bytes negative", "max_output_bytes = -1", 1, "max_output_bytes", "not a whole number"},
+		{"max_transfer_bytes words", "max_transfer_bytes = 1G", 1, "max_transfer_bytes", "not a whole number"},
+		{"console_log_max_bytes too small", "console_log_max_bytes = 100", 1, "console_log_max_bytes", "below the minimum of 65536"},
 		{"max_output_bytes overflow", "max_output_bytes = 9223372036854775808", 1, "max_output_bytes", "too large"},
 		{"max_output_bytes suffix", "max_output_bytes = 1M", 1, "max_output_bytes", "not a whole number"},
 
@@ -570,6 +577,8 @@ func TestReport(t *testing.T) {
 		"cpus=2",
 		"ram_mb=512",
 		"max_output_bytes=1048576",
+		"max_transfer_bytes=1073741824",
+		"console_log_max_bytes=4194304",
 		"x402=on",
 		"accel=auto",
 		"kernel=",

@@ -25,6 +25,7 @@ import (
 	"github.com/nethersandbox/nether/internal/agentclient"
 	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/internal/consolelog"
 	"github.com/nethersandbox/nether/internal/control"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/jail"
@@ -304,17 +305,19 @@ func (s *Session) quitMachine() {
 }
 
 // pumpConsole copies the serial console into console.log in the launch
-// directory, and in console mode to stdout too (with stdin going back in).
+// directory (bounded, and never pushing back on the guest), and in console
+// mode to stdout too (with stdin going back in).
 func (s *Session) pumpConsole(consoleMode bool) (<-chan struct{}, error) {
 	logPath := filepath.Join(s.cfg.Dir, ConsoleLog)
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_RDWR|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("opening the console log: %w", err)
 	}
-	var w io.Writer = f
+	cl := consolelog.New(s.log, f, 0, s.cfg.ConsoleLogMaxBytes)
+	var w io.Writer = cl
 	console := s.machine.Console()
 	if consoleMode {
-		w = io.MultiWriter(f, s.opt.Stdout)
+		w = io.MultiWriter(cl, neverFail{s.opt.Stdout})
 		if s.opt.Stdin != nil {
 			go io.Copy(console, s.opt.Stdin)
 		}
@@ -324,8 +327,20 @@ func (s *Session) pumpConsole(consoleMode bool) (<-chan struct{}, error) {
 		defer close(done)
 		defer f.Close()
 		io.Copy(w, console)
+		if dropped, trimmed := cl.Stats(); dropped > 0 || trimmed > 0 {
+			s.log.Info("console log totals", "dropped_bytes", dropped, "trimmed_bytes", trimmed)
+		}
 	}()
 	return done, nil
+}
+
+// neverFail swallows write errors: the console pump must keep draining
+// the guest even when stdout is gone.
+type neverFail struct{ w io.Writer }
+
+func (n neverFail) Write(p []byte) (int, error) {
+	n.w.Write(p)
+	return len(p), nil
 }
 
 // stop asks the session to end with reason; the first request wins.
