@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/channel"
@@ -31,6 +32,9 @@ type Client struct {
 
 	up     chan struct{}
 	upOnce sync.Once
+
+	// StallTimeout overrides DefaultStallTimeout; set before use.
+	StallTimeout time.Duration
 }
 
 // Handler serves a stream the guest opened. It owns the stream.
@@ -38,7 +42,8 @@ type Handler func(ctx context.Context, st *channel.Stream, req agentproto.Reques
 
 // New returns a client on mux serving session epoch (0 for a boot).
 func New(log *slog.Logger, mux *channel.Mux, epoch uint64) *Client {
-	c := &Client{log: log, mux: mux, epoch: epoch, handlers: map[string]Handler{}, up: make(chan struct{})}
+	c := &Client{log: log, mux: mux, epoch: epoch, handlers: map[string]Handler{}, up: make(chan struct{}),
+		StallTimeout: DefaultStallTimeout}
 	c.Handle(agentproto.OpHello, c.hello)
 	return c
 }
@@ -118,25 +123,42 @@ func (c *Client) Exec(ctx context.Context, command string) (*channel.Stream, err
 	return st, nil
 }
 
-// Put streams size bytes from r into guestPath (created with mode). The
-// agent renames the file into place only when every byte arrived.
-func (c *Client) Put(ctx context.Context, r io.Reader, mode uint32, guestPath string) (int64, error) {
+// DefaultStallTimeout is how long a transfer may make no progress before
+// it is cancelled: a guest that stops reading, or a guest file whose reads
+// block forever, must not pin the sandbox.
+const DefaultStallTimeout = 30 * time.Second
+
+// ErrTooLarge is returned by a transfer past its limit.
+var ErrTooLarge = errors.New("over the transfer limit")
+
+// Put streams r into guestPath (created with mode), at most max bytes (0 =
+// unlimited). The agent renames the file into place only when every byte
+// arrived.
+func (c *Client) Put(ctx context.Context, r io.Reader, mode uint32, guestPath string, max int64) (int64, error) {
 	st, err := c.open(agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(guestPath), Mode: mode})
 	if err != nil {
 		return 0, err
+	}
+	ctx, done := withStall(ctx, c.StallTimeout)
+	defer done()
+	if max > 0 {
+		r = &limitReader{r: r, left: max}
 	}
 	n, err := copyContext(ctx, st, r)
 	if errors.Is(err, channel.ErrReset) {
 		return 0, AgentError(err)
 	}
 	if err != nil {
-		st.Reset("host read failed")
-		return 0, err
+		st.Reset("host gave up: " + err.Error())
+		if errors.Is(err, ErrTooLarge) {
+			return 0, fmt.Errorf("%w of %d bytes", ErrTooLarge, max)
+		}
+		return 0, transferErr(ctx, err)
 	}
 	st.CloseWrite([]byte(fmt.Sprint(n)))
 	if _, err := drain(ctx, st); err != nil {
 		st.Reset("host gave up")
-		return 0, AgentError(err)
+		return 0, transferErr(ctx, AgentError(err))
 	}
 	got, err := agentproto.ParseOKStatus(st.Status())
 	if err != nil {
@@ -148,18 +170,27 @@ func (c *Client) Put(ctx context.Context, r io.Reader, mode uint32, guestPath st
 	return n, nil
 }
 
-// Get streams guestPath into w and returns how many bytes arrived; it is
-// an error unless the agent's declared length matches.
-func (c *Client) Get(ctx context.Context, guestPath string, w io.Writer) (int64, error) {
+// Get streams guestPath into w, at most max bytes (0 = unlimited), and
+// returns how many bytes arrived; it is an error unless the agent's
+// declared length matches.
+func (c *Client) Get(ctx context.Context, guestPath string, w io.Writer, max int64) (int64, error) {
 	st, err := c.open(agentproto.Request{Op: agentproto.OpGet, Path: agentproto.Text(guestPath)})
 	if err != nil {
 		return 0, err
 	}
 	st.CloseWrite(nil)
+	ctx, done := withStall(ctx, c.StallTimeout)
+	defer done()
+	if max > 0 {
+		w = &limitWriter{w: w, left: max}
+	}
 	n, err := copyFromStream(ctx, w, st)
 	if err != nil {
-		st.Reset("host gave up")
-		return n, AgentError(err)
+		st.Reset("host gave up: " + err.Error())
+		if errors.Is(err, ErrTooLarge) {
+			return n, fmt.Errorf("%w of %d bytes", ErrTooLarge, max)
+		}
+		return n, transferErr(ctx, AgentError(err))
 	}
 	want, err := agentproto.ParseOKStatus(st.Status())
 	if err != nil || want != n {
@@ -222,6 +253,78 @@ func newEpoch() uint64 {
 	}
 }
 
+// errStalled cancels a transfer that made no progress for its stall
+// timeout.
+var errStalled = errors.New("transfer stalled")
+
+// withStall returns a context cancelled when the transfer makes no
+// progress for StallTimeout; every read or write that moves bytes calls
+// the progress function stored in it.
+func withStall(parent context.Context, stall time.Duration) (context.Context, func()) {
+	ctx, cancel := context.WithCancelCause(parent)
+	t := time.AfterFunc(stall, func() { cancel(fmt.Errorf("%w: no progress for %s", errStalled, stall)) })
+	ctx = context.WithValue(ctx, progressKey{}, func() { t.Reset(stall) })
+	return ctx, func() {
+		t.Stop()
+		cancel(nil)
+	}
+}
+
+type progressKey struct{}
+
+func progress(ctx context.Context) {
+	if f, ok := ctx.Value(progressKey{}).(func()); ok {
+		f()
+	}
+}
+
+// transferErr names why a transfer's context ended, if it did.
+func transferErr(ctx context.Context, err error) error {
+	switch cause := context.Cause(ctx); {
+	case errors.Is(cause, errStalled):
+		return cause
+	case cause != nil:
+		return fmt.Errorf("transfer cancelled: %w", cause)
+	}
+	return err
+}
+
+type limitReader struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		// One byte more than allowed tells a file at the limit from one
+		// past it.
+		var b [1]byte
+		if n, _ := l.r.Read(b[:]); n > 0 {
+			return 0, ErrTooLarge
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
+type limitWriter struct {
+	w    io.Writer
+	left int64
+}
+
+func (l *limitWriter) Write(p []byte) (int, error) {
+	if int64(len(p)) > l.left {
+		return 0, ErrTooLarge
+	}
+	l.left -= int64(len(p))
+	return l.w.Write(p)
+}
+
 func drain(ctx context.Context, st *channel.Stream) (int64, error) {
 	return copyFromStream(ctx, io.Discard, st)
 }
@@ -233,6 +336,7 @@ func copyFromStream(ctx context.Context, w io.Writer, st *channel.Stream) (int64
 	for {
 		k, err := st.ReadContext(ctx, buf)
 		if k > 0 {
+			progress(ctx)
 			if _, werr := w.Write(buf[:k]); werr != nil {
 				return n, werr
 			}
@@ -257,10 +361,14 @@ func copyContext(ctx context.Context, st *channel.Stream, r io.Reader) (int64, e
 			if _, werr := st.WriteContext(ctx, buf[:k]); werr != nil {
 				return n, werr
 			}
+			progress(ctx)
 			n += int64(k)
 		}
 		if err == io.EOF {
 			return n, nil
+		}
+		if errors.Is(err, ErrTooLarge) {
+			return n, err
 		}
 		if err != nil {
 			return n, fmt.Errorf("reading: %w", err)

@@ -53,17 +53,17 @@ func TestExecPutGet(t *testing.T) {
 	if err != nil || string(out) != "hi\n" || string(st.Status()) != "0" {
 		t.Fatalf("exec: %q status %q err %v", out, st.Status(), err)
 	}
-	if n, err := c.Put(ctx, strings.NewReader("data"), 0o644, "/f"); err != nil || n != 4 {
+	if n, err := c.Put(ctx, strings.NewReader("data"), 0o644, "/f", 0); err != nil || n != 4 {
 		t.Fatalf("put: %d %v", n, err)
 	}
 	if b, _ := m.File("/f"); string(b) != "data" {
 		t.Fatalf("guest holds %q", b)
 	}
 	var got bytes.Buffer
-	if n, err := c.Get(ctx, "/f", &got); err != nil || n != 4 || got.String() != "data" {
+	if n, err := c.Get(ctx, "/f", &got, 0); err != nil || n != 4 || got.String() != "data" {
 		t.Fatalf("get: %d %q %v", n, got.String(), err)
 	}
-	_, err = c.Get(ctx, "/missing", io.Discard)
+	_, err = c.Get(ctx, "/missing", io.Discard, 0)
 	if err == nil || !strings.Contains(err.Error(), "no such file") || strings.Contains(err.Error(), channel.ErrReset.Error()) {
 		t.Fatalf("get of a missing file: %v (want the agent's own message)", err)
 	}
@@ -166,3 +166,52 @@ type readerCtx struct {
 }
 
 func (r readerCtx) Read(p []byte) (int, error) { return r.st.ReadContext(r.ctx, p) }
+
+// TestTransferLimitsAndStalls: a transfer past its limit fails and says
+// so; one that makes no progress is cancelled after its stall timeout.
+func TestTransferLimitsAndStalls(t *testing.T) {
+	c, m := boot(t, fake.Faults{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.WaitUp(ctx)
+	cases := []struct {
+		name    string
+		size    int
+		max     int64
+		wantErr bool
+	}{
+		{"under", 10, 11, false},
+		{"at", 11, 11, false},
+		{"over", 12, 11, true},
+		{"unlimited", 100000, 0, false},
+	}
+	for _, tc := range cases {
+		t.Run("put "+tc.name, func(t *testing.T) {
+			_, err := c.Put(ctx, strings.NewReader(strings.Repeat("p", tc.size)), 0o644, "/p-"+tc.name, tc.max)
+			if (err != nil) != tc.wantErr || tc.wantErr && !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("put of %d bytes, limit %d: %v", tc.size, tc.max, err)
+			}
+			if _, stored := m.File("/p-" + tc.name); stored == tc.wantErr {
+				t.Fatalf("guest file stored=%v after err=%v", stored, err)
+			}
+		})
+		t.Run("get "+tc.name, func(t *testing.T) {
+			if _, err := c.Put(ctx, strings.NewReader(strings.Repeat("g", tc.size)), 0o644, "/g-"+tc.name, 0); err != nil {
+				t.Fatal(err)
+			}
+			var got bytes.Buffer
+			_, err := c.Get(ctx, "/g-"+tc.name, &got, tc.max)
+			if (err != nil) != tc.wantErr || tc.wantErr && !errors.Is(err, ErrTooLarge) {
+				t.Fatalf("get of %d bytes, limit %d: %v", tc.size, tc.max, err)
+			}
+		})
+	}
+
+	c.StallTimeout = 200 * time.Millisecond
+	m.Freeze() // the guest stops answering
+	start := time.Now()
+	_, err := c.Get(ctx, "/g-under", io.Discard, 0)
+	if err == nil || !strings.Contains(err.Error(), "no progress") || time.Since(start) > 3*time.Second {
+		t.Fatalf("a stalled get: %v after %s", err, time.Since(start))
+	}
+}

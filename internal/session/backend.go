@@ -40,7 +40,10 @@ func (s *Session) Put(ctx context.Context, hostPath, guestPath string) (int64, e
 	if err != nil {
 		return 0, err
 	}
-	n, err := s.agent.Put(ctx, f, uint32(fi.Mode().Perm()), guestPath)
+	if max := s.cfg.MaxTransferBytes; max > 0 && fi.Size() > max {
+		return 0, fmt.Errorf("%s is %d bytes, over max_transfer_bytes=%d", hostPath, fi.Size(), max)
+	}
+	n, err := s.agent.Put(ctx, f, uint32(fi.Mode().Perm()), guestPath, s.cfg.MaxTransferBytes)
 	if err != nil {
 		return 0, err
 	}
@@ -56,7 +59,7 @@ func (s *Session) Get(ctx context.Context, guestPath, hostPath string) (int64, e
 	if err != nil {
 		return 0, err
 	}
-	n, err := s.agent.Get(ctx, guestPath, af)
+	n, err := s.agent.Get(ctx, guestPath, af, s.cfg.MaxTransferBytes)
 	if err != nil {
 		af.Abort()
 		return 0, err
@@ -117,6 +120,8 @@ func (s *Session) Info() string {
 		{"data_plane", "off"},
 		{"egress_plane", "off"},
 		{"max_output_bytes", s.cfg.MaxOutputBytes},
+		{"max_transfer_bytes", s.cfg.MaxTransferBytes},
+		{"console_log_max_bytes", s.cfg.ConsoleLogMaxBytes},
 		{"x402", onOff[s.cfg.X402]},
 		{"agent", agent},
 	} {
