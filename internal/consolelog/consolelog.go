@@ -32,7 +32,12 @@ type Writer struct {
 	failing  bool  // the last write failed; logged once per episode
 	trimmed  int64 // older bytes dropped to stay under max, in total
 	trimNote bool
+	tail     []byte // the newest tailSize bytes, whatever the file did
 }
+
+// tailSize is how much of the newest console output Tail keeps in memory:
+// enough for a kernel panic's first lines.
+const tailSize = 16 << 10
 
 // New returns a Writer appending to f, which starts at size bytes.
 func New(log *slog.Logger, f File, size, max int64) *Writer {
@@ -48,6 +53,10 @@ func (w *Writer) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := len(p)
+	w.tail = append(w.tail, p...)
+	if len(w.tail) > tailSize {
+		w.tail = append(w.tail[:0:0], w.tail[len(w.tail)-tailSize:]...)
+	}
 	if w.max > 0 {
 		keep := w.max / 2
 		if int64(len(p)) > keep {
@@ -111,6 +120,14 @@ func (w *Writer) trim(keep int64) {
 		w.trimNote = true
 		w.log.Info("console log reached its limit; keeping the newest output", "max_bytes", w.max)
 	}
+}
+
+// Tail returns the newest console output (up to 16 KiB), kept in memory
+// so it is there even when the file could not be written.
+func (w *Writer) Tail() []byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]byte(nil), w.tail...)
 }
 
 // Stats reports bytes dropped because writes failed and because of the

@@ -100,7 +100,8 @@ type Machine interface {
 	Channel() io.ReadWriteCloser
 	// Done is closed when the engine process has exited.
 	Done() <-chan struct{}
-	// Err is why the machine ended: nil for a guest power-off.
+	// Err is why the machine ended: nil for a guest power-off; wraps
+	// ErrGuestPanic or ErrGuestReset when the guest crashed.
 	Err() error
 	// Usage is the host cost of the machine so far (or in total, after
 	// Done).
@@ -141,6 +142,17 @@ type Info struct {
 	Machine string // e.g. "pc-i440fx-7.2"
 	Accel   Accel
 }
+
+// How a machine can end other than by a power-off the guest asked for;
+// Machine.Err wraps one of them.
+var (
+	// ErrGuestPanic: the engine saw the guest kernel panic.
+	ErrGuestPanic = errors.New("the guest kernel panicked")
+	// ErrGuestReset: the guest reset itself. nether's guests never reboot
+	// on purpose, so this is a crash (a panic with panic=-1, a triple
+	// fault, an init that died).
+	ErrGuestReset = errors.New("the guest reset itself")
+)
 
 // ErrSectionVersion is returned by an engine asked to restore a section
 // newer than it understands.

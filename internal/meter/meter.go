@@ -108,6 +108,11 @@ const (
 	ReasonSIGINT   = "sigint"
 	ReasonError    = "error" // the engine failed
 	ReasonPark     = "park"
+	// The guest ended without asking to: its kernel panicked, or it reset
+	// itself (our guests never reboot on purpose: an init that dies makes
+	// the kernel panic, and panic=-1 turns that into a reset).
+	ReasonGuestPanic = "guest_panic"
+	ReasonGuestCrash = "guest_crash"
 )
 
 // FinalLine is the one record every stop prints. x402 changes only its

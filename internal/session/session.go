@@ -10,6 +10,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -97,6 +98,7 @@ type Session struct {
 	mux     *channel.Mux
 	agent   *agentclient.Client
 	comps   components
+	console *consolelog.Writer // set once the console pump runs
 	ready   chan struct{}
 
 	mu   sync.Mutex // guards view
@@ -144,7 +146,8 @@ func Run(opt Options) int {
 		s.log.Error("nether stopped on an error", "err", err)
 	}
 	fmt.Fprintln(opt.Stdout, meter.FinalLine(reason, s.cfg.X402, rec))
-	if reason == meter.ReasonError {
+	switch reason {
+	case meter.ReasonError, meter.ReasonGuestPanic, meter.ReasonGuestCrash:
 		return 1
 	}
 	return 0
@@ -211,10 +214,7 @@ func (s *Session) run() (reason string, err error) {
 	select {
 	case <-engineDone:
 		<-consoleDone
-		if err := s.machine.Err(); err != nil {
-			return meter.ReasonError, err
-		}
-		return meter.ReasonPoweroff, nil
+		return s.endReason(s.machine.Err())
 	case sig := <-sigs:
 		reason = signalReason(sig)
 		s.log.Info("signal received; stopping", "signal", sig)
@@ -223,6 +223,24 @@ func (s *Session) run() (reason string, err error) {
 	s.teardown(reason)
 	<-consoleDone
 	return reason, nil
+}
+
+// endReason names how a machine that ended by itself ended: a power-off
+// the guest asked for, or a crash, which the console tells apart from a
+// panic.
+func (s *Session) endReason(err error) (string, error) {
+	switch {
+	case err == nil:
+		return meter.ReasonPoweroff, nil
+	case errors.Is(err, engine.ErrGuestPanic):
+		return meter.ReasonGuestPanic, fmt.Errorf("%w (the console log has its last words)", err)
+	case errors.Is(err, engine.ErrGuestReset):
+		if bytes.Contains(s.console.Tail(), []byte("Kernel panic")) {
+			return meter.ReasonGuestPanic, fmt.Errorf("%w: the console shows a kernel panic (see %s)", engine.ErrGuestPanic, ConsoleLog)
+		}
+		return meter.ReasonGuestCrash, fmt.Errorf("%w (see %s)", err, ConsoleLog)
+	}
+	return meter.ReasonError, err
 }
 
 func signalReason(sig os.Signal) string {
@@ -314,6 +332,7 @@ func (s *Session) pumpConsole(consoleMode bool) (<-chan struct{}, error) {
 		return nil, fmt.Errorf("opening the console log: %w", err)
 	}
 	cl := consolelog.New(s.log, f, 0, s.cfg.ConsoleLogMaxBytes)
+	s.console = cl
 	var w io.Writer = cl
 	console := s.machine.Console()
 	if consoleMode {

@@ -525,3 +525,33 @@ func editMeta(t *testing.T, dir string, edit func(map[string]any)) {
 		t.Fatal(err)
 	}
 }
+
+// TestHonestStopReasons: a guest that crashes is not reported as a clean
+// power-off.
+func TestHonestStopReasons(t *testing.T) {
+	cases := []struct {
+		command    string
+		wantCode   int
+		wantReason string
+	}{
+		{"panic", 1, "guest_panic"},
+		{"reboot", 1, "guest_crash"},
+		{"die", 1, "error"},
+		{"poweroff", 0, "poweroff"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.command, func(t *testing.T) {
+			sb := start(t, fake.New(slog.Default()), "", "")
+			c := sb.dial()
+			mustRun(t, c, "echo up")
+			run(t, c, tc.command)
+			sb.expectEnd(5*time.Second, tc.wantCode, tc.wantReason)
+		})
+	}
+	sb := start(t, fake.New(slog.Default()), "", "")
+	c := sb.dial()
+	mustRun(t, c, "echo up")
+	// The fake agent powers the guest off when asked: a clean end.
+	mustRun(t, c, "__shutdown__")
+	sb.expectEnd(5*time.Second, 0, "shutdown")
+}

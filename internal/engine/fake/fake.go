@@ -6,8 +6,9 @@
 // milliseconds.
 //
 // The fake agent understands a tiny shell: "echo WORDS" prints WORDS,
-// "exit N" exits N, "die" crashes the engine, "hang" never ends, "reset"
-// makes the agent abort the stream; anything else is echoed back and
+// "exit N" exits N, "die" crashes the engine, "panic" and "reboot" end
+// the guest as a kernel panic and a reset do, "poweroff" powers it off,
+// "hang" never ends, "reset" makes the agent abort the stream; anything else is echoed back and
 // exits 0. Files put into the guest live in the agent's memory and cross
 // captures.
 package fake
@@ -195,6 +196,13 @@ func (m *Machine) File(path string) ([]byte, bool) {
 
 // Crash ends the machine as a crashed engine would.
 func (m *Machine) Crash() { m.end(errors.New("the fake engine crashed")) }
+
+// GuestPanic ends the machine as a guest kernel panic does, printing
+// panicText on the console first.
+func (m *Machine) GuestPanic(panicText string) {
+	fmt.Fprint(m.guestCon, panicText)
+	m.end(engine.ErrGuestReset)
+}
 
 // end stops the machine once; err nil is a guest power-off.
 func (m *Machine) end(err error) {
@@ -434,6 +442,12 @@ func (m *Machine) exec(st *channel.Stream, command string) {
 	case "die":
 		st.Write([]byte("dying\n"))
 		m.Crash()
+	case "panic":
+		m.GuestPanic("Kernel panic - not syncing: Attempted to kill init!\n")
+	case "reboot":
+		m.end(engine.ErrGuestReset)
+	case "poweroff":
+		m.end(nil)
 	case "hang":
 		<-m.done
 	case "reset":

@@ -80,6 +80,9 @@ type Machine struct {
 
 	done    chan struct{}
 	waitErr error
+	// qmpDone closes when QMP has read everything QEMU said, so the
+	// SHUTDOWN event's reason is known before done closes.
+	qmpDone chan struct{}
 
 	mu       sync.Mutex
 	lastUse  engine.Usage
@@ -101,6 +104,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		log:     e.log,
 		stderr:  &tailBuffer{max: 8 << 10},
 		done:    make(chan struct{}),
+		qmpDone: make(chan struct{}),
 		cmdline: spec.Cmdline,
 		info:    engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
 	}
@@ -196,6 +200,10 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	}
 	go func() {
 		m.waitErr = m.cmd.Wait()
+		select {
+		case <-m.qmpDone:
+		case <-time.After(200 * time.Millisecond):
+		}
 		if m.mem != nil {
 			m.mem.Close() // the guest's memory goes with its last mapping
 		}
@@ -214,6 +222,10 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}
 	m.qmp, m.info.Version = q, version
+	go func() {
+		<-q.done
+		close(m.qmpDone)
+	}()
 	raw, err := q.execute(ctx, "query-machines", nil)
 	if err != nil {
 		m.kill()
@@ -457,8 +469,12 @@ func (m *Machine) Err() error {
 	if m.waitErr != nil {
 		return m.exitError("QEMU failed")
 	}
-	if reason == "guest-panic" {
-		return errors.New("the guest kernel panicked (see the console log)")
+	switch reason {
+	case "guest-panic":
+		return engine.ErrGuestPanic
+	case "guest-reset":
+		// -no-reboot turns a guest reboot into an exit with this reason.
+		return engine.ErrGuestReset
 	}
 	return nil
 }
