@@ -88,6 +88,14 @@ type Request struct {
 	StartMS   int64 `json:"start_ms,omitempty"`
 	ModulesMS int64 `json:"modules_ms,omitempty"`
 	HelloMS   int64 `json:"hello_ms,omitempty"`
+	// Max bounds a transfer (put, get) in bytes; 0 means no limit, and a
+	// negative value is refused. The host sends the most it will send or
+	// accept. On get the agent refuses a file whose size is over Max
+	// before sending anything, and resets the stream once more than Max
+	// bytes were read from it (a file that grew, a /proc file that
+	// reports size 0). On put it resets the stream and removes its
+	// temporary file once more than Max bytes arrived.
+	Max int64 `json:"max,omitempty"`
 	// Epoch is the session epoch: on OpRestored the one the agent serves
 	// from now on, on every other host request the one of the session
 	// that opened it (0, and so omitted, for a freshly booted guest).

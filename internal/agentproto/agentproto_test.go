@@ -114,3 +114,31 @@ func TestDecodeRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxOnTheWire checks the transfer limit survives the metadata round
+// trip and that no limit (0) is what a request without the field means, so
+// an older host's transfers stay unlimited.
+func TestMaxOnTheWire(t *testing.T) {
+	for _, req := range []Request{
+		{Op: OpGet, Path: "/f"},
+		{Op: OpGet, Path: "/f", Max: 1},
+		{Op: OpPut, Path: "/f", Mode: 0o600, Max: 1 << 40},
+		{Op: OpPut, Path: "/f", Max: math.MaxInt64},
+	} {
+		b := req.Encode()
+		if got, want := strings.Contains(string(b), `"max"`), req.Max != 0; got != want {
+			t.Errorf("%s: max field present = %v, want %v", b, got, want)
+		}
+		back, err := Decode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back != req {
+			t.Errorf("round trip: got %+v, want %+v", back, req)
+		}
+	}
+	old, err := Decode([]byte(`{"op":"get","path":"L2Y="}`))
+	if err != nil || old.Max != 0 || string(old.Path) != "/f" {
+		t.Fatalf("request without max decoded to %+v, %v; want path /f, max 0", old, err)
+	}
+}
