@@ -27,7 +27,22 @@ var (
 	ErrNotRegular  = errors.New("not a regular file")
 	ErrUnsupported = errors.New("transfer jail is only supported on Linux")
 	ErrFinished    = errors.New("file already committed or aborted")
+	ErrProtected   = errors.New("nether's own file; transfers may not write it")
 )
+
+// artifactMarker is the file every committed snapshot artifact holds, and
+// partialInfix what the name of one being written contains: a transfer
+// never writes into either.
+const (
+	artifactMarker = "COMMITTED"
+	partialInfix   = ".partial-"
+)
+
+// protectedDir reports whether a directory component names an artifact
+// being written (".name.partial-xxxx").
+func protectedDir(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.Contains(name, partialInfix)
+}
 
 // split validates a jail-relative path and returns its parent components
 // and final name. It is purely lexical; the kernel-side resolution flags

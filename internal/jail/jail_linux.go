@@ -27,9 +27,25 @@ var openat2 = unix.Openat2
 // Jail is a pinned transfer-jail directory. Its methods are safe for
 // concurrent use.
 type Jail struct {
-	mu   sync.RWMutex
-	fd   int // O_PATH|O_DIRECTORY; -1 once closed
-	path string
+	mu        sync.RWMutex
+	fd        int // O_PATH|O_DIRECTORY; -1 once closed
+	path      string
+	protected map[string]bool // names in the jail root that Create refuses
+}
+
+// Protect makes Create refuse the given names in the jail's top
+// directory: nether's own files (its configuration, the console log, its
+// sockets), which a transfer must never replace. Snapshot artifacts are
+// always protected.
+func (j *Jail) Protect(names ...string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.protected == nil {
+		j.protected = map[string]bool{}
+	}
+	for _, n := range names {
+		j.protected[n] = true
+	}
 }
 
 // Open pins dir as the transfer jail. The directory itself may be reached
@@ -244,9 +260,17 @@ func (j *Jail) create(rel string, perm os.FileMode) (*AtomicFile, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := j.checkProtected(dirs, base); err != nil {
+		return nil, err
+	}
 	dirfd, _, err := j.parentFD(dirs)
 	if err != nil {
 		return nil, fmt.Errorf("opening parent directory: %w", err)
+	}
+	var mst unix.Stat_t
+	if err := unix.Fstatat(dirfd, artifactMarker, &mst, unix.AT_SYMLINK_NOFOLLOW); err == nil {
+		unix.Close(dirfd)
+		return nil, fmt.Errorf("%w: the directory is a snapshot artifact", ErrProtected)
 	}
 	if err := checkTarget(dirfd, base); err != nil {
 		unix.Close(dirfd)
@@ -270,6 +294,21 @@ func (j *Jail) create(rel string, perm os.FileMode) (*AtomicFile, error) {
 		}
 	}
 	return &AtomicFile{f: os.NewFile(uintptr(fd), rel), dirfd: dirfd, tmp: tmp, base: base, rel: rel}, nil
+}
+
+// checkProtected refuses nether's own files by name.
+func (j *Jail) checkProtected(dirs []string, base string) error {
+	j.mu.RLock()
+	defer j.mu.RUnlock()
+	if len(dirs) == 0 && j.protected[base] {
+		return ErrProtected
+	}
+	for _, d := range append(dirs, base) {
+		if protectedDir(d) {
+			return fmt.Errorf("%w: %q is a snapshot being written", ErrProtected, d)
+		}
+	}
+	return nil
 }
 
 // checkTarget refuses targets that rename would mishandle or that signal

@@ -415,3 +415,51 @@ func TestOpenParent(t *testing.T) {
 		})
 	}
 }
+
+// TestProtectedNames: transfers may not write nether's own files, nor into
+// a snapshot artifact, committed or being written.
+func TestProtectedNames(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "nether.conf"), []byte("x = 1\n"), 0o600)
+	os.MkdirAll(filepath.Join(dir, "base"), 0o700)
+	os.WriteFile(filepath.Join(dir, "base", "COMMITTED"), []byte("nether-snapshot v2\n"), 0o600)
+	os.MkdirAll(filepath.Join(dir, ".snap.partial-1234"), 0o700)
+	os.MkdirAll(filepath.Join(dir, "sub"), 0o700)
+	j, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	j.Protect("nether.conf", "console.log", "ctl.sock")
+	cases := []struct {
+		rel     string
+		refused bool
+	}{
+		{"nether.conf", true},
+		{"console.log", true},
+		{"ctl.sock", true},
+		{"base/ram", true},
+		{"base/new", true},
+		{".snap.partial-1234/state", true},
+		{"sub/nether.conf", false}, // only the launch directory's own files
+		{"output.txt", false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.rel, func(t *testing.T) {
+			af, err := j.Create(tc.rel, 0o600)
+			if tc.refused {
+				if !errors.Is(err, ErrProtected) {
+					t.Fatalf("Create(%q) = %v, want ErrProtected", tc.rel, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Create(%q): %v", tc.rel, err)
+			}
+			af.Abort()
+		})
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "nether.conf")); string(b) != "x = 1\n" {
+		t.Fatal("nether.conf changed")
+	}
+}

@@ -16,8 +16,9 @@ func Open(dir string) (*Jail, error) {
 	return nil, fmt.Errorf("transfer jail: pinning directory %q: %w", dir, ErrUnsupported)
 }
 
-func (j *Jail) Dir() string  { return "" }
-func (j *Jail) Close() error { return nil }
+func (j *Jail) Dir() string             { return "" }
+func (j *Jail) Protect(names ...string) {}
+func (j *Jail) Close() error            { return nil }
 
 func (j *Jail) OpenRead(rel string) (*os.File, error) {
 	return nil, fmt.Errorf("transfer jail: opening %q for reading: %w", rel, ErrUnsupported)
