@@ -22,6 +22,7 @@ type Meter struct {
 	commands atomic.Uint64
 	bytesIn  atomic.Uint64
 	bytesOut atomic.Uint64
+	final    atomic.Pointer[Record] // set by Settle
 }
 
 // New starts a meter at now().
@@ -61,8 +62,23 @@ type Record struct {
 	BytesOut  uint64
 }
 
-// Read takes a reading.
+// Settle takes the session's last reading and keeps it: every later Read
+// returns the same figures. A park bills in its reply, and the final
+// record of the same session must carry the same bill, whatever the
+// teardown after it costs.
+func (m *Meter) Settle() Record {
+	r := m.Read()
+	if m.final.CompareAndSwap(nil, &r) {
+		return r
+	}
+	return *m.final.Load()
+}
+
+// Read takes a reading (the settled one, once the meter is settled).
 func (m *Meter) Read() Record {
+	if f := m.final.Load(); f != nil {
+		return *f
+	}
 	r := Record{
 		UptimeMS: m.now().Sub(m.start).Milliseconds(),
 		RAMMB:    m.ramMB,

@@ -90,3 +90,21 @@ func TestRead(t *testing.T) {
 		})
 	}
 }
+
+// TestSettle: once settled, every reading is the settled one.
+func TestSettle(t *testing.T) {
+	now := time.Unix(0, 0)
+	m := New(func() time.Time { return now }, 512, 1)
+	m.Command()
+	now = now.Add(time.Second)
+	bill := m.Settle()
+	now = now.Add(time.Hour)
+	m.Out(100)
+	m.Command()
+	if got := m.Read(); got != bill || got.UptimeMS != 1000 || got.Commands != 1 {
+		t.Fatalf("after Settle: %+v, want %+v", got, bill)
+	}
+	if again := m.Settle(); again != bill {
+		t.Fatalf("a second Settle changed the bill: %+v", again)
+	}
+}

@@ -45,7 +45,9 @@ func (s *Session) Park(ctx context.Context, rel string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	bill := strings.Join(strings.Fields(s.meter.Read().Stats()), " ")
+	// The bill is settled here: the final record of this session carries
+	// exactly the same figures.
+	bill := strings.Join(strings.Fields(s.meter.Settle().Stats()), " ")
 	return fmt.Sprintf("OK parked %s pause_ms=%d %s", res.rel, res.pause.Milliseconds(), bill), nil
 }
 
