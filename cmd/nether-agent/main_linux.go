@@ -24,6 +24,8 @@ func main() {
 	startMS := uptimeMS()
 	var params map[string]string
 	if os.Getpid() == 1 {
+		// First of all: until then a stray signal ends the guest.
+		ignoreSignals()
 		// /proc/cmdline exists only once initSystem has mounted /proc.
 		var err error
 		if params, err = initSystem(log); err != nil {
