@@ -175,6 +175,14 @@ func (s *Session) run() (reason string, err error) {
 		}
 		s.jail = j
 		defer j.Close()
+		// A transfer must never replace what nether itself reads or
+		// writes in the launch directory: a __get__ onto nether.conf would
+		// choose the next run's configuration, one onto console.log forge
+		// its log.
+		j.Protect(conf.FileName, ConsoleLog)
+		if filepath.Dir(s.cfg.ControlSocket) == filepath.Clean(s.cfg.Dir) {
+			j.Protect(filepath.Base(s.cfg.ControlSocket))
+		}
 		s.ctl = control.New(s.log, s, s.meter, s.cfg.MaxOutputBytes)
 		if err := s.ctl.Listen(s.cfg.ControlSocket); err != nil {
 			return meter.ReasonError, err

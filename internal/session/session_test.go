@@ -326,6 +326,15 @@ func TestForkParkWake(t *testing.T) {
 		}
 	}
 	fork.expectEnd(5*time.Second, 0, "park")
+	// One bill: the reply and the final record carry the same figures.
+	final := fork.out.String()
+	for _, pair := range [][2]string{{"uptime_ms", "uptime_ms"}, {"bytes_out", "bytes_out"}, {"bytes_in", "bytes_in"}, {"commands", "commands"}, {"cpu_ms", "cpu_ms"}} {
+		re := regexp.MustCompile(pair[0] + `=(\d+)`)
+		a, b := re.FindStringSubmatch(park), re.FindStringSubmatch(final)
+		if a == nil || b == nil || a[1] != b[1] {
+			t.Errorf("%s: OK parked says %v, the final record %v", pair[0], a, b)
+		}
+	}
 	parkPath := filepath.Join(t.TempDir(), "p")
 	if err := os.Rename(filepath.Join(fork.dir, "p"), parkPath); err != nil {
 		t.Fatal(err)
@@ -554,4 +563,28 @@ func TestHonestStopReasons(t *testing.T) {
 	// The fake agent powers the guest off when asked: a clean end.
 	mustRun(t, c, "__shutdown__")
 	sb.expectEnd(5*time.Second, 0, "shutdown")
+}
+
+// TestTransfersGuardNethersFiles: __get__ may not replace nether.conf,
+// console.log, the control socket or anything in a snapshot artifact.
+func TestTransfersGuardNethersFiles(t *testing.T) {
+	eng := fake.New(slog.Default())
+	sb := start(t, eng, "", "")
+	c := sb.dial()
+	os.WriteFile(filepath.Join(sb.dir, "in.txt"), []byte("guest-chosen config"), 0o600)
+	mustRun(t, c, "__put__ in.txt /evil")
+	mustRun(t, c, "__snapshot__ snap")
+	confBefore, _ := os.ReadFile(filepath.Join(sb.dir, "nether.conf"))
+	for _, target := range []string{"nether.conf", "console.log", "ctl.sock", "snap/meta.json", "snap/extra"} {
+		t.Run(target, func(t *testing.T) {
+			out, exit, err := run(t, c, "__get__ /evil "+target)
+			if err == nil || exit != -1 || !strings.Contains(err.Error(), "nether's own file") {
+				t.Fatalf("__get__ onto %s: %q exit %d err %v", target, out, exit, err)
+			}
+		})
+	}
+	if b, _ := os.ReadFile(filepath.Join(sb.dir, "nether.conf")); !bytes.Equal(b, confBefore) {
+		t.Fatal("nether.conf was replaced")
+	}
+	mustRun(t, c, "__get__ /evil fine.txt")
 }
