@@ -135,7 +135,7 @@ var ErrTooLarge = errors.New("over the transfer limit")
 // unlimited). The agent renames the file into place only when every byte
 // arrived.
 func (c *Client) Put(ctx context.Context, r io.Reader, mode uint32, guestPath string, max int64) (int64, error) {
-	st, err := c.open(agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(guestPath), Mode: mode})
+	st, err := c.open(agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(guestPath), Mode: mode, Max: max})
 	if err != nil {
 		return 0, err
 	}
@@ -174,7 +174,7 @@ func (c *Client) Put(ctx context.Context, r io.Reader, mode uint32, guestPath st
 // returns how many bytes arrived; it is an error unless the agent's
 // declared length matches.
 func (c *Client) Get(ctx context.Context, guestPath string, w io.Writer, max int64) (int64, error) {
-	st, err := c.open(agentproto.Request{Op: agentproto.OpGet, Path: agentproto.Text(guestPath)})
+	st, err := c.open(agentproto.Request{Op: agentproto.OpGet, Path: agentproto.Text(guestPath), Max: max})
 	if err != nil {
 		return 0, err
 	}
