@@ -24,19 +24,25 @@ func newReaper() *reaper {
 	return r
 }
 
-// start starts a process and returns a channel that gets its exit status.
-// The lock is held across the start so the reaper cannot see the exit
-// before the waiter is registered.
-func (r *reaper) start(argv0 string, argv []string, attr *os.ProcAttr) (*os.Process, <-chan unix.WaitStatus, error) {
+// start starts a process and returns its pid and a channel that gets its
+// exit status. The lock is held across the start so the reaper cannot see
+// the exit before the waiter is registered.
+//
+// The os.Process is released at once: it holds a pidfd that only its Wait
+// (never called: the reaper waits) or the garbage collector would close,
+// and PID 1 would run out of descriptors after a few thousand commands.
+func (r *reaper) start(argv0 string, argv []string, attr *os.ProcAttr) (int, <-chan unix.WaitStatus, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p, err := os.StartProcess(argv0, argv, attr)
 	if err != nil {
-		return nil, nil, err
+		return 0, nil, err
 	}
+	pid := p.Pid
+	p.Release()
 	ch := make(chan unix.WaitStatus, 1)
-	r.waiters[p.Pid] = ch
-	return p, ch, nil
+	r.waiters[pid] = ch
+	return pid, ch, nil
 }
 
 func (r *reaper) run() {
