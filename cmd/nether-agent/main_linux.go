@@ -58,21 +58,16 @@ func main() {
 	mux := channel.New(channel.Guest, log)
 	mux.Attach(port, true)
 
-	a := &agent{log: log, reaper: r, mux: mux, powerOff: func() { powerOff(log) }}
+	a := newAgent(log, r, mux, func() { powerOff(log) })
 	if hello, err := mux.Open(agentproto.Request{
 		Op: agentproto.OpHello, Version: agentproto.Version, Boot: bootID(),
 		StartMS: startMS, ModulesMS: modulesMS, HelloMS: uptimeMS(),
 	}.Encode()); err == nil {
 		hello.CloseWrite(nil)
 	}
-	for {
-		s, err := mux.Accept(context.Background())
-		if err != nil {
-			log.Error("agent: channel closed", "err", err)
-			select {}
-		}
-		go a.serve(s)
-	}
+	err = a.run(context.Background())
+	log.Error("agent: channel closed", "err", err)
+	select {} // PID 1 must not exit
 }
 
 func kernelParams() map[string]string {

@@ -1,12 +1,11 @@
 package main
 
 import (
-	"errors"
+	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -29,6 +28,37 @@ type agent struct {
 	// A field, not a direct call, so a test can serve poweroff requests
 	// without powering anything off.
 	powerOff func()
+	// openSource opens what a get reads; nil means openSource. A test
+	// seam: a test can hand get a source that never ends without
+	// having to read the guest kernel's log.
+	openSource func(path string) (fd int, size int64, err error)
+	// gone is closed when run stops accepting: the channel closed.
+	gone chan struct{}
+	// serving counts requests being served.
+	serving atomic.Int64
+}
+
+func newAgent(log *slog.Logger, r *reaper, mux *channel.Mux, powerOff func()) *agent {
+	return &agent{log: log, reaper: r, mux: mux, powerOff: powerOff, gone: make(chan struct{})}
+}
+
+// run serves the streams the host opens until the channel closes (or ctx
+// ends) and returns why. It then closes gone, which is how a transfer
+// waiting on its file learns the channel is gone: its stream's Read says
+// only end of file once the host has sent everything.
+func (a *agent) run(ctx context.Context) error {
+	defer close(a.gone)
+	for {
+		s, err := a.mux.Accept(ctx)
+		if err != nil {
+			return err
+		}
+		a.serving.Add(1)
+		go func() {
+			defer a.serving.Add(-1)
+			a.serve(s)
+		}()
+	}
 }
 
 // shellEnv is the environment of every command. Commands start from a
@@ -156,109 +186,6 @@ func (a *agent) restored(s *channel.Stream, req agentproto.Request) {
 		return
 	}
 	s.CloseWrite([]byte(fmt.Sprintf("ok %d", req.Epoch)))
-}
-
-// guestPath resolves a transfer path: relative paths are relative to /root,
-// the directory commands run in.
-func guestPath(p string) (string, error) {
-	if p == "" {
-		return "", errors.New("empty guest path")
-	}
-	if !filepath.IsAbs(p) {
-		p = filepath.Join("/root", p)
-	}
-	return filepath.Clean(p), nil
-}
-
-// put writes the stream's bytes to a temporary file beside the target and
-// renames it into place only when the host's declared length matches, so
-// an interrupted transfer never leaves a half-written file under the
-// target's name.
-func (a *agent) put(s *channel.Stream, req agentproto.Request) {
-	path, err := guestPath(string(req.Path))
-	if err != nil {
-		s.Reset(err.Error())
-		return
-	}
-	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		s.Reset(fmt.Sprintf("%s is a directory", path))
-		return
-	}
-	mode := os.FileMode(req.Mode & 0o7777)
-	if mode == 0 {
-		mode = 0o644
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".nether-put-*")
-	if err != nil {
-		s.Reset(fmt.Sprintf("creating %s: %v", path, unwrapPathError(err)))
-		return
-	}
-	fail := func(msg string) {
-		tmp.Close()
-		os.Remove(tmp.Name())
-		s.Reset(msg)
-	}
-	n, err := io.Copy(tmp, s)
-	if err != nil {
-		fail(fmt.Sprintf("receiving %s: %v", path, err))
-		return
-	}
-	want, err := strconv.ParseInt(string(s.Status()), 10, 64)
-	if err != nil || want != n {
-		fail(fmt.Sprintf("transfer of %s incomplete: got %d bytes, host declared %q", path, n, s.Status()))
-		return
-	}
-	if err := tmp.Chmod(mode); err != nil {
-		fail(fmt.Sprintf("setting mode of %s: %v", path, err))
-		return
-	}
-	if err := tmp.Sync(); err != nil {
-		fail(fmt.Sprintf("writing %s: %v", path, err))
-		return
-	}
-	if err := tmp.Close(); err != nil {
-		fail(fmt.Sprintf("writing %s: %v", path, err))
-		return
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		os.Remove(tmp.Name())
-		s.Reset(fmt.Sprintf("renaming into %s: %v", path, unwrapPathError(err)))
-		return
-	}
-	s.CloseWrite(agentproto.OKStatus(n))
-}
-
-func (a *agent) get(s *channel.Stream, req agentproto.Request) {
-	path, err := guestPath(string(req.Path))
-	if err != nil {
-		s.Reset(err.Error())
-		return
-	}
-	f, err := os.Open(path)
-	if err != nil {
-		s.Reset(fmt.Sprintf("opening %s: %v", path, unwrapPathError(err)))
-		return
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() {
-		s.Reset(fmt.Sprintf("%s is not a regular file", path))
-		return
-	}
-	n, err := io.Copy(s, f)
-	if err != nil {
-		s.Reset(fmt.Sprintf("reading %s: %v", path, err))
-		return
-	}
-	s.CloseWrite(agentproto.OKStatus(n))
-}
-
-func unwrapPathError(err error) error {
-	var pe *os.PathError
-	if errors.As(err, &pe) {
-		return pe.Err
-	}
-	return err
 }
 
 // runConsoleShell runs an interactive shell on the serial console. busybox

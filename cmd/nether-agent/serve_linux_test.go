@@ -44,17 +44,9 @@ func startAgent(t *testing.T) *testAgent {
 	host.Attach(hc, false)
 	guest.Attach(gc, false)
 	ta := &testAgent{host: host, powerOffs: make(chan struct{}, 8)}
-	ta.a = &agent{log: quietLog(), reaper: testReaper(), mux: guest, powerOff: func() { ta.powerOffs <- struct{}{} }}
+	ta.a = newAgent(quietLog(), testReaper(), guest, func() { ta.powerOffs <- struct{}{} })
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() {
-		for {
-			s, err := guest.Accept(ctx)
-			if err != nil {
-				return
-			}
-			go ta.a.serve(s)
-		}
-	}()
+	go ta.a.run(ctx)
 	t.Cleanup(func() {
 		cancel()
 		host.Close()
@@ -63,6 +55,19 @@ func startAgent(t *testing.T) *testAgent {
 		gc.Close()
 	})
 	return ta
+}
+
+// waitServed waits until every request the agent accepted is done with:
+// its serve call returned, so whatever it opened should be closed.
+func (ta *testAgent) waitServed(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for ta.a.serving.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d request(s) still being served 5s after their streams ended", ta.a.serving.Load())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // result is what the host saw of one request.
