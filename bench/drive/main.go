@@ -28,7 +28,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	defer sb.Stop()
+	defer sb.Close()
 	c, err := sb.Dial(30 * time.Second)
 	if err != nil {
 		fail(err)

@@ -35,6 +35,7 @@ import (
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/engine/qemu"
 	"github.com/nethersandbox/nether/internal/snapshot"
+	"github.com/nethersandbox/nether/internal/testharness"
 )
 
 var pauseRE = regexp.MustCompile(`pause_ms=(\d+)`)
@@ -51,11 +52,11 @@ func main() {
 	// written memory, then captured.
 	base, err := harness.Start(repo, "ram_mb = 512\n")
 	check(err)
-	defer base.Stop()
+	defer base.Close()
 	c, err := base.Dial(30 * time.Second)
 	check(err)
 	check(harness.Run(c, "true"))
-	cold := time.Since(base.Start)
+	cold := time.Since(base.Started)
 	check(harness.Run(c, fmt.Sprintf("yes nether-benchmark-fill | head -c %d > /tmp/fill", *fillMiB<<20)))
 	var pauses []time.Duration
 	for i := 0; i < *snaps; i++ {
@@ -121,7 +122,7 @@ func main() {
 		check(err)
 		check(harness.Run(cc, "true"))
 		if i > 0 {
-			wakes = append(wakes, time.Since(sb.Start))
+			wakes = append(wakes, time.Since(sb.Started))
 		}
 		parkDir, err := os.MkdirTemp("", "nether-park-")
 		check(err)
@@ -129,9 +130,9 @@ func main() {
 		check(err)
 		cc.Close()
 		check(sb.Wait(30 * time.Second))
-		// Keep the park outside the sandbox dir, which Stop removes.
+		// Keep the park outside the sandbox dir, which Close removes.
 		check(os.Rename(filepath.Join(sb.Dir, "p"), filepath.Join(parkDir, "p")))
-		sb.Stop()
+		sb.Close()
 		prev = filepath.Join(parkDir, "p")
 		defer os.RemoveAll(parkDir)
 	}
@@ -219,7 +220,7 @@ func forkOnce(repo, art string) (time.Duration, error) {
 // their PSS once idle.
 func fan(repo, art string, k int) (time.Duration, int64, error) {
 	start := time.Now()
-	sbs := make([]*harness.Sandbox, k)
+	sbs := make([]*testharness.Sandbox, k)
 	errs := make([]error, k)
 	var wg sync.WaitGroup
 	for i := range sbs {
@@ -246,7 +247,7 @@ func fan(repo, art string, k int) (time.Duration, int64, error) {
 	defer func() {
 		for _, sb := range sbs {
 			if sb != nil {
-				sb.Stop()
+				sb.Close()
 			}
 		}
 	}()
@@ -258,7 +259,8 @@ func fan(repo, art string, k int) (time.Duration, int64, error) {
 	time.Sleep(2 * time.Second) // idle
 	var pss int64
 	for _, sb := range sbs {
-		pss += harness.PSS(sb.QEMUPid()) + harness.PSS(sb.Cmd.Process.Pid)
+		q, _ := sb.Machine() // nether's QEMU child, from /proc
+		pss += harness.PSS(q.Pid) + harness.PSS(sb.Pid())
 	}
 	return all, pss, nil
 }
@@ -271,7 +273,7 @@ func streamArtifact(repo, art string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	defer sb.Stop()
+	defer sb.Close()
 	c, err := sb.Dial(30 * time.Second)
 	if err != nil {
 		return "", err
