@@ -122,10 +122,16 @@ func TestDrive(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, k := range []string{"proto_version=2", "backend=qemu", "accel=tcg", "arch=x86_64", "cpus=1", "ram_mb=512", "max_output_bytes=1048576", "x402=off"} {
+		// A boot with nothing handed in: a minted sandbox id, the default
+		// hostname, no lineage.
+		for _, k := range []string{"proto_version=2", "backend=qemu", "accel=tcg", "arch=x86_64", "cpus=1", "ram_mb=512", "max_output_bytes=1048576", "x402=off",
+			"hostname=sandbox", "generation=0", "parent=-", "snapshot=-", "agent=connected"} {
 			if !hasLine(info, k) {
 				t.Errorf("__info__ lacks %s:\n%s", k, info)
 			}
+		}
+		if id := parseReport(info)["sandbox_id"]; id == "" || id == "-" || strings.ContainsAny(id, " \t") {
+			t.Errorf("__info__ sandbox_id=%q, want a minted id:\n%s", id, info)
 		}
 		stats, err := c.Query(ctx, "__stats__")
 		if err != nil {

@@ -1,12 +1,15 @@
 // Package e2e drives real nether processes booting real guests under
-// QEMU. The binaries are built fresh from this tree in TestMain; the guest
-// image comes from scripts/setup.sh (build/guest).
+// QEMU. The binaries are built fresh from this tree in TestMain (nether
+// with the race detector); the guest image comes from scripts/setup.sh
+// (build/guest). The process harness is internal/testharness, shared with
+// the benchmarks; this file adapts it to package testing.
 package e2e
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/buildinfo"
 	"errors"
 	"fmt"
 	"net"
@@ -14,22 +17,25 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
+	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nethersandbox/nether/client"
+	"github.com/nethersandbox/nether/internal/testharness"
 )
 
 var (
 	repoRoot  string
 	binDir    string
 	guestDir  string
-	skipWhy   string // non-empty: the e2e suite cannot run here
-	netherBin string
+	skipWhy   string // non-empty: the guest cannot run here
+	netherBin string // built with -race
 	ctlBin    string
+	shmWatch  *testharness.DirWatch // nether-* entries appearing in /dev/shm
 )
 
 func TestMain(m *testing.M) {
@@ -51,11 +57,12 @@ func runMain(m *testing.M) int {
 			return 1
 		}
 		fmt.Fprintf(os.Stderr, "\n"+strings.Repeat("!", 72)+"\n"+
-			"!! e2e: SKIPPING every end-to-end test: %s.\n"+
+			"!! e2e: SKIPPING every end-to-end test that needs a guest: %s.\n"+
 			"!! Run scripts/setup.sh (or the README's test command) to run them.\n"+
 			strings.Repeat("!", 72)+"\n\n", skipWhy)
-		return m.Run()
 	}
+	// The binaries are built even without a guest: some tests need no
+	// QEMU (a configuration error stops nether before any boot).
 	tmp, err := os.MkdirTemp("", "nether-e2e-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -63,15 +70,27 @@ func runMain(m *testing.M) int {
 	}
 	defer os.RemoveAll(tmp)
 	binDir = tmp
-	build := exec.Command("go", "build", "-o", binDir+"/", "./cmd/nether", "./cmd/nether-ctl")
-	build.Dir = repoRoot
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: building nether: %v\n", err)
+	if err := testharness.Build(repoRoot, binDir, []string{"-race"}, "./cmd/nether"); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: building nether with -race: %v\n", err)
+		return 1
+	}
+	if err := testharness.Build(repoRoot, binDir, nil, "./cmd/nether-ctl"); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: building nether-ctl: %v\n", err)
 		return 1
 	}
 	netherBin = filepath.Join(binDir, "nether")
 	ctlBin = filepath.Join(binDir, "nether-ctl")
+	if bi, err := buildinfo.ReadFile(netherBin); err != nil || !slices.Contains(bi.Settings, debug.BuildSetting{Key: "-race", Value: "true"}) {
+		fmt.Fprintf(os.Stderr, "e2e: %s is not built with the race detector (%v)\n", netherBin, err)
+		return 1
+	}
+	// Guest memory is a memfd: nothing named nether-* may ever appear in
+	// /dev/shm, not even for a moment.
+	if shmWatch, err = testharness.WatchDir("/dev/shm", "nether-"); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: watching /dev/shm: %v\n", err)
+		return 1
+	}
+	defer shmWatch.Close()
 	return m.Run()
 }
 
@@ -85,30 +104,94 @@ func needGuest(t *testing.T) {
 // sandbox is one nether process under test.
 type sandbox struct {
 	t      *testing.T
+	h      *testharness.Sandbox
 	dir    string
 	sock   string
 	cmd    *exec.Cmd
-	stdout *syncBuffer
-	stderr *syncBuffer
-	done   chan struct{}
-	err    error
+	stdout *testharness.Buffer
+	stderr *testharness.Buffer
+	done   <-chan struct{}
+
+	raceReported bool
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+// launch starts nether as o describes, with a private empty TMPDIR, and
+// registers the checks every nether gets when its test ends: it is
+// stopped if it still runs; a data race it reported fails the test with
+// the report; its TMPDIR must be empty, no process of its may survive it,
+// and nothing named nether-* may have appeared in /dev/shm.
+func launch(t *testing.T, o testharness.Options) *sandbox {
+	t.Helper()
+	o.Bin = netherBin
+	if o.GuestDir == "" {
+		o.GuestDir = guestDir
+	}
+	if o.TmpDir == "" {
+		// Short, not t.TempDir(): nether makes Unix sockets in it, and a
+		// socket path has a 108-byte limit.
+		tmp, err := os.MkdirTemp("", "e2e-tmp-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(tmp) })
+		o.TmpDir = tmp
+	}
+	h, err := testharness.Start(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb := &sandbox{t: t, h: h, dir: h.Dir, sock: h.Sock, cmd: h.Cmd, stdout: h.Stdout, stderr: h.Stderr, done: h.Done()}
+	t.Cleanup(func() {
+		if !h.Stop(20 * time.Second) {
+			t.Errorf("nether (%s) did not end within 20 s of SIGTERM at the end of the test; killed", h.Dir)
+		}
+		sb.checkRace()
+		if left, _ := testharness.Entries(h.TmpDir); len(left) > 0 {
+			t.Errorf("nether (%s) left %v in its private TMPDIR %s", h.Dir, left, h.TmpDir)
+		}
+		if procs := h.WaitNoSurvivors(5 * time.Second); len(procs) > 0 {
+			for _, p := range procs {
+				t.Errorf("a process of nether (%s) outlived it: %s", h.Dir, p)
+				p.Signal(syscall.SIGCONT)
+				p.Signal(syscall.SIGKILL)
+			}
+		}
+		sb.checkShm()
+		if t.Failed() {
+			t.Logf("nether (%s) exit %v, stderr:\n%s", h.Dir, h.Err(), tail(h.Stderr.String(), 20000))
+		}
+	})
+	return sb
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
+// checkRace fails the test loudly if nether reported a data race (once
+// per nether).
+func (sb *sandbox) checkRace() {
+	sb.t.Helper()
+	if r := testharness.RaceReports(sb.stderr.String()); r != "" && !sb.raceReported {
+		sb.raceReported = true
+		sb.t.Errorf("\n%s\n!! DATA RACE in nether (%s):\n%s\n%s", strings.Repeat("!", 72), sb.dir, r, strings.Repeat("!", 72))
+	}
 }
 
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// checkShm fails the test if a nether-* entry appeared in /dev/shm since
+// this nether started.
+func (sb *sandbox) checkShm() {
+	sb.t.Helper()
+	names, err := shmWatch.Since(sb.h.Started)
+	if err != nil {
+		sb.t.Errorf("watching /dev/shm: %v", err)
+	}
+	if len(names) > 0 {
+		sb.t.Errorf("%v appeared in /dev/shm while nether (%s) ran; guest memory must be a memfd", names, sb.dir)
+	}
+}
+
+// spawn starts nether in dir with control_socket = dir/ctl.sock and the
+// given extra nether.conf lines, without waiting for anything.
+func spawn(t *testing.T, dir string, conf ...string) *sandbox {
+	t.Helper()
+	return launch(t, testharness.Options{Dir: dir, Socket: filepath.Join(dir, "ctl.sock"), Conf: conf})
 }
 
 // start launches nether in a fresh launch directory with the given extra
@@ -119,7 +202,9 @@ func start(t *testing.T, extraConf ...string) *sandbox {
 	return startIn(t, t.TempDir(), extraConf...)
 }
 
-// startIn is start in a launch directory the test prepared.
+// startIn is start in a launch directory the test prepared. It returns
+// once the control socket listens (the socket serves before the guest
+// boots).
 func startIn(t *testing.T, dir string, extraConf ...string) *sandbox {
 	t.Helper()
 	needGuest(t)
@@ -131,24 +216,16 @@ func startIn(t *testing.T, dir string, extraConf ...string) *sandbox {
 			}
 		}
 	})
-	// The socket serves before the guest boots. (Not a stat of the path:
-	// a test may have planted a stale socket file there.)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if strings.Contains(sb.stderr.String(), "control socket ready") {
-			break
-		}
-		select {
-		case <-sb.done:
-			t.Fatalf("nether exited before serving its socket: %v\nstderr:\n%s", sb.err, sb.stderr.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("control socket did not appear; stderr:\n%s", sb.stderr.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	sb.waitListening(10 * time.Second)
 	return sb
+}
+
+// waitListening waits for the control socket to listen.
+func (sb *sandbox) waitListening(timeout time.Duration) {
+	sb.t.Helper()
+	if err := sb.h.WaitListening(timeout); err != nil {
+		sb.t.Fatalf("%v\nstderr:\n%s", err, sb.stderr.String())
+	}
 }
 
 func tail(s string, n int) string {
@@ -169,6 +246,58 @@ func (sb *sandbox) dial() *client.Client {
 	}
 	sb.t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// info is one __info__ report as key=value pairs.
+func (sb *sandbox) info(c *client.Client) map[string]string {
+	sb.t.Helper()
+	body, err := c.Query(context.Background(), "__info__")
+	if err != nil {
+		sb.t.Fatalf("__info__: %v", err)
+	}
+	return parseReport(body)
+}
+
+func parseReport(body string) map[string]string {
+	m := map[string]string{}
+	for _, l := range strings.Split(body, "\n") {
+		if k, v, ok := strings.Cut(l, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// qemu returns the QEMU child that runs this sandbox's guest.
+func (sb *sandbox) qemu() testharness.Proc {
+	sb.t.Helper()
+	p, ok := sb.h.Machine()
+	if !ok {
+		sb.t.Fatalf("nether %d has no QEMU child running a guest (children: %v)", sb.h.Pid(), sb.h.QEMUChildren())
+	}
+	return p
+}
+
+// freeze stops p with SIGSTOP; the test's cleanup continues it (if it
+// still exists) before nether is stopped, so a failing test never leaves
+// a frozen QEMU behind.
+func freeze(t *testing.T, p testharness.Proc) {
+	t.Helper()
+	if err := p.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP %s: %v", p, err)
+	}
+	t.Cleanup(func() { p.Signal(syscall.SIGCONT) })
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		now, err := testharness.ReadProc(p.Pid)
+		if err != nil || now.State == 'T' {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("QEMU %d did not stop (state %c)", p.Pid, now.State)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // run runs a command and returns its body and exit.
@@ -216,11 +345,10 @@ func rawRun(t *testing.T, sock, line string) string {
 // wait waits for nether to exit and returns its final usage line.
 func (sb *sandbox) wait(timeout time.Duration) string {
 	sb.t.Helper()
-	select {
-	case <-sb.done:
-	case <-time.After(timeout):
-		sb.t.Fatalf("nether did not exit within %s; stderr:\n%s", timeout, sb.stderr.String())
+	if err := sb.h.Wait(timeout); err != nil {
+		sb.t.Fatalf("%v; stderr:\n%s", err, sb.stderr.String())
 	}
+	sb.checkRace()
 	return sb.finalLine()
 }
 
@@ -245,29 +373,31 @@ func (sb *sandbox) finalLine() string {
 	return lines[0]
 }
 
-var (
-	pidRE = regexp.MustCompile(`guest booting.* pid=(\d+) run_dir=(\S+) mem_dir=(\S+)`)
-)
-
-// checkNoLeftovers fails the test if nether left its QEMU process, its
-// socket or a temporary file or directory behind.
+// checkNoLeftovers fails the test if nether, which must have exited, left
+// anything behind: its control socket, a QEMU (or any other process of
+// its), a temporary file in the launch directory, anything in its private
+// TMPDIR, or a nether-* entry in /dev/shm.
 func (sb *sandbox) checkNoLeftovers() {
 	sb.t.Helper()
-	if _, err := os.Stat(sb.sock); err == nil {
-		sb.t.Errorf("control socket %s left behind", sb.sock)
-	}
-	m := pidRE.FindStringSubmatch(sb.stderr.String())
-	if m == nil {
-		sb.t.Errorf("nether did not log its QEMU pid and run directories")
+	if !sb.h.Exited() {
+		sb.t.Errorf("checkNoLeftovers: nether (%s) still runs", sb.dir)
 		return
 	}
-	if b, err := os.ReadFile("/proc/" + m[1] + "/cmdline"); err == nil && bytes.Contains(b, []byte("qemu")) {
-		sb.t.Errorf("QEMU process %s left behind", m[1])
+	if _, err := os.Lstat(sb.sock); err == nil {
+		sb.t.Errorf("control socket %s left behind", sb.sock)
 	}
-	for _, d := range m[2:] {
-		if _, err := os.Stat(d); err == nil {
-			sb.t.Errorf("temporary directory %s left behind", d)
-		}
+	sb.checkLeftoversAfterKill()
+}
+
+// checkLeftoversAfterKill is checkNoLeftovers for a nether that could not
+// clean up (SIGKILL): its socket file may remain, nothing else.
+func (sb *sandbox) checkLeftoversAfterKill() {
+	sb.t.Helper()
+	for _, p := range sb.h.WaitNoSurvivors(5 * time.Second) {
+		sb.t.Errorf("a process of nether survived it: %s", p)
+	}
+	if left, err := testharness.Entries(sb.h.TmpDir); err != nil || len(left) > 0 {
+		sb.t.Errorf("nether's private TMPDIR %s holds %v (err %v), want nothing", sb.h.TmpDir, left, err)
 	}
 	entries, _ := os.ReadDir(sb.dir)
 	for _, e := range entries {
@@ -275,40 +405,5 @@ func (sb *sandbox) checkNoLeftovers() {
 			sb.t.Errorf("temporary file %s left in the launch directory", e.Name())
 		}
 	}
-}
-
-// spawn starts nether in dir without waiting for anything.
-func spawn(t *testing.T, dir string, conf ...string) *sandbox {
-	t.Helper()
-	sb := &sandbox{t: t, dir: dir, sock: filepath.Join(dir, "ctl.sock"),
-		stdout: &syncBuffer{}, stderr: &syncBuffer{}, done: make(chan struct{})}
-	text := "control_socket = " + sb.sock + "\n" + strings.Join(conf, "\n") + "\n"
-	if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sb.cmd = exec.Command(netherBin)
-	sb.cmd.Dir = dir
-	sb.cmd.Env = append(os.Environ(), "NETHER_GUEST_DIR="+guestDir)
-	sb.cmd.Stdout, sb.cmd.Stderr = sb.stdout, sb.stderr
-	if err := sb.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { sb.err = sb.cmd.Wait(); close(sb.done) }()
-	t.Cleanup(func() {
-		select {
-		case <-sb.done:
-		default:
-			sb.cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-sb.done:
-			case <-time.After(20 * time.Second):
-				sb.cmd.Process.Kill()
-				<-sb.done
-			}
-		}
-		if t.Failed() {
-			t.Logf("nether (%s) stderr:\n%s", dir, sb.stderr.String())
-		}
-	})
-	return sb
+	sb.checkShm()
 }

@@ -2,16 +2,18 @@ package e2e
 
 import (
 	"bufio"
-	"errors"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nethersandbox/nether/internal/testharness"
 )
 
 func TestShutdownWithX402(t *testing.T) {
@@ -37,18 +39,33 @@ func TestGuestPowerOff(t *testing.T) {
 	sb := start(t)
 	c := sb.dial()
 	run(t, c, "true")
-	raw, err := net.Dial("unix", sb.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
 	c.Close()
+	// A raw connection that is the primary: a client that connects after
+	// the primary hung up takes its slot (one that connected before it
+	// stays an observer), so ask until this one may drive.
+	var raw *rawConn
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		raw = rawDial(t, sb.sock)
+		raw.send(t, "true")
+		body, exit, err := raw.reply(30 * time.Second)
+		if err == nil && exit == 0 {
+			break
+		}
+		raw.Close()
+		if err != nil || !strings.Contains(body, "read-only observer") || time.Now().After(deadline) {
+			t.Fatalf("could not become primary: %q exit %d err %v", body, exit, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	// The guest powers itself off; no reply is expected.
-	time.Sleep(200 * time.Millisecond)
-	raw.Write([]byte("poweroff -f\n"))
+	raw.send(t, "poweroff -f")
 	line := sb.wait(30 * time.Second)
 	if !strings.HasPrefix(line, "[nether] final usage (reason=poweroff): ") {
 		t.Fatalf("final record %q", line)
+	}
+	if code := sb.h.ExitCode(); code != 0 {
+		t.Errorf("exit status %d after a guest power-off, want 0", code)
 	}
 	sb.checkNoLeftovers()
 }
@@ -85,106 +102,113 @@ func TestSIGTERMDuringLongCommand(t *testing.T) {
 
 func TestConsoleMode(t *testing.T) {
 	needGuest(t)
-	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "nether.conf"), []byte("# console mode: no control_socket\n"), 0o600)
-	cmd := exec.Command(netherBin)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "NETHER_GUEST_DIR="+guestDir)
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	var stderr syncBuffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	// Input before the shell opened the console would be dropped by the
+	// guest's tty, so the input goes in once the prompt is out.
+	prompt := &promptWriter{prompt: "sandbox# "}
+	sb := launch(t, testharness.Options{Dir: t.TempDir(), Conf: []string{"# console mode: no control_socket"},
+		StdinPipe: true, Stdout: prompt})
+	prompt.onPrompt = func() { sb.h.Stdin.Write([]byte("echo hello-$((6*7))\nexit\n")) }
+	if err := sb.h.Wait(60 * time.Second); err != nil {
+		t.Fatalf("console mode did not finish: %v; stdout so far:\n%s\nstderr:\n%s", err, sb.stdout.String(), sb.stderr.String())
 	}
-	defer cmd.Process.Kill()
-	out := make(chan string, 1)
-	var all strings.Builder
-	go func() {
-		r := bufio.NewReader(stdout)
-		sent := false
-		for {
-			b, err := r.ReadByte()
-			if err != nil {
-				out <- all.String()
-				return
-			}
-			all.WriteByte(b)
-			// Input before the shell opened the console would be dropped
-			// by the guest's tty, so wait for the prompt.
-			if !sent && strings.HasSuffix(all.String(), "sandbox# ") {
-				sent = true
-				stdin.Write([]byte("echo hello-$((6*7))\nexit\n"))
-			}
-		}
-	}()
-	var got string
-	select {
-	case got = <-out:
-	case <-time.After(60 * time.Second):
-		t.Fatalf("console mode did not finish; stdout so far:\n%s\nstderr:\n%s", all.String(), stderr.String())
-	}
-	cmd.Wait()
+	sb.checkRace()
+	got := sb.stdout.String()
 	if !strings.Contains(got, "hello-42") {
 		t.Fatalf("console output lacks the command's output:\n%s", got)
 	}
 	if !strings.Contains(got, "[nether] final usage (reason=poweroff): ") {
 		t.Fatalf("no final record:\n%s", got)
 	}
-	if b, err := os.ReadFile(filepath.Join(dir, "console.log")); err != nil || !strings.Contains(string(b), "hello-42") {
+	if b, err := os.ReadFile(filepath.Join(sb.dir, "console.log")); err != nil || !strings.Contains(string(b), "hello-42") {
 		t.Fatalf("console.log lacks the session: %v", err)
 	}
+	sb.checkLeftoversAfterKill() // no socket in console mode; nothing else may remain
 }
 
-func TestConfigErrorsStopBeforeBoot(t *testing.T) {
-	if netherBin == "" {
-		t.Skip("SKIPPED: nether was not built (no guest image)")
+// promptWriter calls onPrompt once, the first time what was written so
+// far ends with prompt.
+type promptWriter struct {
+	mu       sync.Mutex
+	prompt   string
+	seen     strings.Builder
+	fired    bool
+	onPrompt func()
+}
+
+func (w *promptWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.fired {
+		w.seen.Write(p)
+		if strings.Contains(w.seen.String(), w.prompt) && w.onPrompt != nil {
+			w.fired = true
+			go w.onPrompt()
+		}
 	}
+	return len(p), nil
+}
+
+// TestConfigErrorsStopBeforeBoot needs no QEMU and no guest: nether
+// refuses its configuration before it starts anything.
+func TestConfigErrorsStopBeforeBoot(t *testing.T) {
 	cases := []struct {
 		name, conf, want string
 	}{
-		{"malformed value", "control_socket = x.sock\nram_mb = lots\n", "nether.conf:2: ram_mb"},
-		{"unknown key", "cpus = 1\nbogus = 1\n", "nether.conf:2: bogus"},
-		{"missing kernel", "kernel = /nonexistent/vmlinux\n", "nether.conf:1: kernel"},
+		{"malformed value", "control_socket = x.sock\nram_mb = lots", "nether.conf:2: ram_mb"},
+		{"unknown key", "cpus = 1\nbogus = 1", "nether.conf:2: bogus"},
+		{"missing kernel", "kernel = /nonexistent/vmlinux", "nether.conf:1: kernel"},
+		{"bad sandbox_id", "sandbox_id = has space", "nether.conf:1: sandbox_id"},
+		{"bad hostname", "hostname = not_a_label!", "nether.conf:1: hostname"},
 		{"no conf at all", "", "nether.conf"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			dir := t.TempDir()
+			o := testharness.Options{Dir: t.TempDir(), NoConf: c.conf == ""}
 			if c.conf != "" {
-				os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(c.conf), 0o600)
+				o.Conf = strings.Split(c.conf, "\n")
 			}
-			cmd := exec.Command(netherBin)
-			cmd.Dir = dir
-			out, err := cmd.CombinedOutput()
-			var ee *exec.ExitError
-			if !errors.As(err, &ee) || ee.ExitCode() != 2 {
-				t.Fatalf("want exit 2, got %v\n%s", err, out)
+			sb := runToEnd(t, o, 30*time.Second)
+			out := sb.stdout.String() + sb.stderr.String()
+			if code := sb.h.ExitCode(); code != 2 {
+				t.Fatalf("want exit 2, got %d\n%s", code, out)
 			}
-			if !strings.Contains(string(out), c.want) {
+			if !strings.Contains(out, c.want) {
 				t.Fatalf("message %q lacks %q", out, c.want)
 			}
-			entries, _ := os.ReadDir(dir)
+			entries, _ := os.ReadDir(sb.dir)
 			for _, e := range entries {
 				if e.Name() != "nether.conf" {
 					t.Errorf("nether created %s before refusing its config", e.Name())
 				}
 			}
+			if left, _ := testharness.Entries(sb.h.TmpDir); len(left) > 0 {
+				t.Errorf("nether created %v in its TMPDIR before refusing its config", left)
+			}
+			if len(sb.h.QEMUChildren()) > 0 || len(sb.h.Survivors()) > 0 {
+				t.Errorf("nether started a process before refusing its config: %v", sb.h.Survivors())
+			}
 		})
 	}
+}
+
+// runToEnd launches nether as o describes and waits up to timeout for it
+// to exit by itself.
+func runToEnd(t *testing.T, o testharness.Options, timeout time.Duration) *sandbox {
+	t.Helper()
+	sb := launch(t, o)
+	if err := sb.h.Wait(timeout); err != nil {
+		t.Fatalf("nether in %s: %v; stderr:\n%s", sb.dir, err, sb.stderr.String())
+	}
+	sb.checkRace()
+	return sb
 }
 
 func TestControlSocketOwnership(t *testing.T) {
 	a := start(t)
 	t.Run("a live socket is refused", func(t *testing.T) {
-		dir := t.TempDir()
-		os.WriteFile(filepath.Join(dir, "nether.conf"), []byte("control_socket = "+a.sock+"\n"), 0o600)
-		cmd := exec.Command(netherBin)
-		cmd.Dir = dir
-		cmd.Env = append(os.Environ(), "NETHER_GUEST_DIR="+guestDir)
-		out, err := cmd.CombinedOutput()
-		if err == nil || !strings.Contains(string(out), "served by a running process") {
-			t.Fatalf("second nether on a live socket: %v\n%s", err, out)
+		second := runToEnd(t, testharness.Options{Dir: t.TempDir(), Socket: a.sock}, time.Minute)
+		if code, out := second.h.ExitCode(), second.stderr.String(); code == 0 || !strings.Contains(out, "served by a running process") {
+			t.Fatalf("second nether on a live socket: exit %d\n%s", code, out)
 		}
 		if _, err := os.Stat(a.sock); err != nil {
 			t.Fatal("the live socket was removed")

@@ -9,6 +9,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -24,21 +26,30 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/client"
+	"github.com/nethersandbox/nether/internal/testharness"
 )
 
 // ---------------------------------------------------------------------
 // helpers
 
+// The shared base boots with an identity handed in through nether.conf.
+const (
+	sharedID       = "e2e-shared-base"
+	sharedHostname = "e2e-base"
+)
+
 var (
 	sharedOnce sync.Once
-	sharedArt  string // absolute path of the shared base artifact
-	sharedHost string // its hostname
+	sharedArt  string            // absolute path of the shared base artifact
+	sharedHost string            // its hostname, as the guest reports it
+	sharedInfo map[string]string // its __info__ once booted
 	sharedErr  = "the shared base was never built"
 )
 
-// sharedBase boots one guest per test binary, writes /root/x = "base",
-// captures it as a base and shuts it down. The artifact lives under the
-// binary's temporary directory, which TestMain removes at the end.
+// sharedBase boots one guest per test binary (sandbox_id and hostname
+// handed in), writes /root/x = "base", captures it as a base and shuts it
+// down. The artifact lives under the binary's temporary directory, which
+// TestMain removes at the end.
 func sharedBase(t *testing.T) string {
 	t.Helper()
 	needGuest(t)
@@ -47,10 +58,11 @@ func sharedBase(t *testing.T) string {
 		if err := os.Mkdir(dir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		sb := startIn(t, dir)
+		sb := startIn(t, dir, "sandbox_id = "+sharedID, "hostname = "+sharedHostname)
 		c := sb.dial()
 		mustRun(t, c, "echo base > /root/x")
 		sharedHost = strings.TrimSpace(mustRun(t, c, "hostname"))
+		sharedInfo = sb.info(c)
 		sharedArt = takeSnapshot(t, sb, c, "base")
 		shutdown(t, sb, c)
 		sharedErr = ""
@@ -156,28 +168,8 @@ func finalCommands(t *testing.T, line string) int {
 // nether.conf lines.
 func runNether(t *testing.T, dir string, timeout time.Duration, conf ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(strings.Join(conf, "\n")+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, netherBin)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "NETHER_GUEST_DIR="+guestDir)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	if ctx.Err() != nil {
-		t.Fatalf("nether in %s did not finish within %s; stderr:\n%s", dir, timeout, e.String())
-	}
-	code = 0
-	var ee *exec.ExitError
-	if errors.As(err, &ee) {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return o.String(), e.String(), code
+	sb := runToEnd(t, testharness.Options{Dir: dir, Conf: conf}, timeout)
+	return sb.stdout.String(), sb.stderr.String(), sb.h.ExitCode()
 }
 
 // validate runs validate_snapshot on path.
@@ -199,44 +191,46 @@ func mustValidate(t *testing.T, path, kind string) string {
 }
 
 // restoreMustFail runs a restore of art to its end: it must exit non-zero
-// with reason=error, never report a restored guest, and leave no QEMU
-// behind that maps the artifact. It returns nether's stderr.
+// with reason=error, never have a guest agent up (polled over __info__
+// while it runs), and leave no process behind. It returns nether's stderr.
 func restoreMustFail(t *testing.T, art string) string {
 	t.Helper()
 	dir := t.TempDir()
-	out, errOut, code := runNether(t, dir, time.Minute,
-		"control_socket = "+filepath.Join(dir, "ctl.sock"), "restore = 1", "restore_from = "+art)
+	sb := spawn(t, dir, "restore = 1", "restore_from = "+art)
+	agentUp := make(chan string, 1)
+	go func() {
+		// Observe only: a connection that sends __info__ and leaves.
+		for !sb.h.Exited() {
+			if c, err := net.DialTimeout("unix", sb.sock, time.Second); err == nil {
+				c.SetDeadline(time.Now().Add(2 * time.Second))
+				c.Write([]byte("__info__\n"))
+				body, _ := bufio.NewReader(c).ReadString(0x1e)
+				c.Close()
+				if parseReport(body)["agent"] == "connected" {
+					agentUp <- body
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	if err := sb.h.Wait(time.Minute); err != nil {
+		t.Fatalf("restore of %s: %v; stderr:\n%s", art, err, sb.stderr.String())
+	}
+	sb.checkRace()
+	out, errOut, code := sb.stdout.String(), sb.stderr.String(), sb.h.ExitCode()
 	if code == 0 || !strings.Contains(out, "(reason=error)") {
 		t.Errorf("restore of %s: exit %d, stdout %q; want a non-zero exit with reason=error", art, code, out)
 	}
-	if strings.Contains(errOut, "msg=restored") || strings.Contains(errOut, "guest booting") {
-		t.Errorf("restore of %s got as far as a running guest:\n%s", art, errOut)
+	select {
+	case body := <-agentUp:
+		t.Errorf("restore of %s got as far as a running guest whose agent connected; __info__:\n%s", art, body)
+	default:
 	}
-	if pids := qemuMentioning(art); len(pids) > 0 {
-		t.Errorf("QEMU %v still runs with %s after the restore failed", pids, art)
+	for _, p := range sb.h.WaitNoSurvivors(5 * time.Second) {
+		t.Errorf("%s still runs after the restore of %s failed", p, art)
 	}
 	return errOut
-}
-
-// qemuMentioning lists live QEMU processes whose command line contains s.
-func qemuMentioning(s string) []int {
-	var pids []int
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || !bytes.Contains(b, []byte("qemu")) || !bytes.Contains(b, []byte(s)) {
-			continue
-		}
-		if st, err := os.ReadFile("/proc/" + e.Name() + "/stat"); err == nil && bytes.Contains(st, []byte(") Z ")) {
-			continue // a zombie runs nothing
-		}
-		pids = append(pids, pid)
-	}
-	return pids
 }
 
 // rawConn is a bare protocol connection.
@@ -277,17 +271,6 @@ func (rc *rawConn) reply(timeout time.Duration) (string, int, error) {
 	return strings.TrimSuffix(body, "\x1e"), exit, err
 }
 
-// qemuPID is the QEMU pid and run directory nether logged.
-func (sb *sandbox) qemuPID(t *testing.T) (int, string) {
-	t.Helper()
-	m := pidRE.FindStringSubmatch(sb.stderr.String())
-	if m == nil {
-		t.Fatalf("nether did not log its QEMU pid:\n%s", sb.stderr.String())
-	}
-	pid, _ := strconv.Atoi(m[1])
-	return pid, m[2]
-}
-
 func lineOf(s, substr string) string {
 	for _, l := range strings.Split(s, "\n") {
 		if strings.Contains(l, substr) {
@@ -302,12 +285,14 @@ func lineOf(s, substr string) string {
 
 // TestForkGenerations chains base -> fork1 -> fork2 -> fork3, each fork
 // adding a file and snapshotting again: every generation sees all its
-// ancestors' files, gets its own hostname and bills only its own session.
+// ancestors' files, gets its own hostname and sandbox id, reports its
+// generation and parent in __info__, and bills only its own session.
 func TestForkGenerations(t *testing.T) {
 	base := start(t)
 	c := base.dial()
 	mustRun(t, c, "echo g0 > /root/gen0")
 	parentHost := strings.TrimSpace(mustRun(t, c, "hostname"))
+	parentID := base.info(c)["sandbox_id"]
 	arts := []string{takeSnapshot(t, base, c, "gen0")}
 	shutdown(t, base, c)
 
@@ -333,9 +318,19 @@ func TestForkGenerations(t *testing.T) {
 				t.Errorf("hostname %q (parent %q): want a new sandbox-xxxxxxxx", host, parentHost)
 			}
 			parentHost = host
-			if l := lineOf(sb.stderr.String(), "msg=restored"); !strings.Contains(l, fmt.Sprintf("generation=%d", gen)) {
-				t.Errorf("restored log line %q lacks generation=%d", l, gen)
+			info := sb.info(c)
+			for k, want := range map[string]string{
+				"generation": strconv.Itoa(gen), "parent": parentID,
+				"snapshot": arts[len(arts)-1], "hostname": host,
+			} {
+				if info[k] != want {
+					t.Errorf("__info__ %s=%q, want %q", k, info[k], want)
+				}
 			}
+			if id := info["sandbox_id"]; id == parentID || id == "-" || id == "" {
+				t.Errorf("__info__ sandbox_id=%q (parent %q): want a new id", id, parentID)
+			}
+			parentID = info["sandbox_id"]
 			if gen < 3 {
 				sh(fmt.Sprintf("echo g%d > /root/gen%d", gen, gen))
 				arts = append(arts, takeSnapshot(t, sb, c, fmt.Sprintf("gen%d", gen)))
@@ -368,6 +363,7 @@ func TestForkSiblings(t *testing.T) {
 	mustRun(t, bc, "echo original > /root/x")
 	baseHost := strings.TrimSpace(mustRun(t, bc, "hostname"))
 	baseMID := strings.TrimSpace(mustRun(t, bc, "cat /etc/machine-id 2>/dev/null; true"))
+	baseID := base.info(bc)["sandbox_id"]
 	art := takeSnapshot(t, base, bc, "base")
 	before := mustValidate(t, art, "base")
 
@@ -444,10 +440,17 @@ func TestForkSiblings(t *testing.T) {
 		}
 	}
 	t.Logf("hostnames %v", hosts)
+	ids := map[string]int{baseID: -1}
 	for i, sb := range sbs {
-		if l := lineOf(sb.stderr.String(), "msg=restored"); !strings.Contains(l, "generation=1") {
-			t.Errorf("fork %d: restored line %q", i, l)
+		info := sb.info(clients[i])
+		if info["generation"] != "1" || info["parent"] != baseID || info["snapshot"] != art {
+			t.Errorf("fork %d: __info__ generation=%s parent=%s snapshot=%s; want 1, %s, %s",
+				i, info["generation"], info["parent"], info["snapshot"], baseID, art)
 		}
+		if j, dup := ids[info["sandbox_id"]]; dup {
+			t.Errorf("fork %d sandbox_id %q is also %d's (-1 = base)", i, info["sandbox_id"], j)
+		}
+		ids[info["sandbox_id"]] = i
 	}
 	if got := mustRun(t, bc, "cat /root/x"); got != "original\n" {
 		t.Errorf("the base reads /root/x = %q after its forks wrote theirs", got)
@@ -465,61 +468,92 @@ func TestForkSiblings(t *testing.T) {
 }
 
 // TestSnapshotGate: a command in flight (from a client that has gone
-// away) keeps __snapshot__ from capturing; once it ends, the capture
-// works, and the parent goes on.
+// away) keeps __snapshot__ and __park__ from capturing (park_dirty, which
+// only waives a park's drain gate, does not change that); once it ends,
+// the capture works: a snapshot's parent goes on, a park ends the
+// process.
 func TestSnapshotGate(t *testing.T) {
-	sb := forkOf(t, sharedBase(t))
-	raw := rawDial(t, sb.sock)
-	raw.send(t, "echo started; sleep 4; echo done > /tmp/gate")
-	raw.SetReadDeadline(time.Now().Add(30 * time.Second))
-	if l, err := raw.r.ReadString('\n'); err != nil || l != "started\n" {
-		t.Fatalf("in-flight command did not start: %q %v", l, err)
+	art := sharedBase(t)
+	cases := []struct {
+		verb, kind string
+		conf       []string
+	}{
+		{"__snapshot__", "base", nil},
+		{"__park__", "park", []string{"park_dirty = 1"}},
 	}
-	raw.Close() // the command goes on in the guest
-	c := primaryClient(t, sb)
+	for _, tc := range cases {
+		t.Run(strings.Trim(tc.verb, "_")+" "+strings.Join(tc.conf, " "), func(t *testing.T) {
+			sb := forkOf(t, art, tc.conf...)
+			raw := rawDial(t, sb.sock)
+			raw.send(t, "echo started; sleep 4; echo done > /tmp/gate")
+			raw.SetReadDeadline(time.Now().Add(30 * time.Second))
+			if l, err := raw.r.ReadString('\n'); err != nil || l != "started\n" {
+				t.Fatalf("in-flight command did not start: %q %v", l, err)
+			}
+			raw.Close() // the command goes on in the guest
+			c := primaryClient(t, sb)
 
-	body, exit := run(t, c, "__snapshot__ early")
-	if exit != -1 || !strings.Contains(body, "not quiescent") {
-		t.Fatalf("__snapshot__ with a command in flight: %q exit %d; want ERR ... not quiescent, exit -1", body, exit)
+			body, exit := run(t, c, tc.verb+" early")
+			if exit != -1 || !strings.Contains(body, "not quiescent") {
+				t.Fatalf("%s with a command in flight: %q exit %d; want ERR ... not quiescent, exit -1", tc.verb, body, exit)
+			}
+			t.Logf("refused: %s", strings.TrimSpace(body))
+			if _, err := os.Lstat(filepath.Join(sb.dir, "early")); err == nil {
+				t.Errorf("a refused capture left %s behind", "early")
+			}
+			if got := mustRun(t, c, "cat /tmp/gate 2>/dev/null; true"); got != "" {
+				t.Fatalf("the in-flight command finished too early (%q); the gate was not exercised", got)
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for mustRun(t, c, "cat /tmp/gate 2>/dev/null; true") != "done\n" {
+				if time.Now().After(deadline) {
+					t.Fatal("the in-flight command never finished")
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if tc.kind == "park" {
+				if body, exit := run(t, c, "__park__ late"); exit != 0 || !strings.HasPrefix(body, "OK parked late ") {
+					t.Fatalf("__park__ once quiescent: %q exit %d", body, exit)
+				}
+				if line := sb.wait(30 * time.Second); !strings.Contains(line, "(reason=park)") {
+					t.Fatalf("final line %q", line)
+				}
+				mustValidate(t, filepath.Join(sb.dir, "late"), "park")
+				sb.checkNoLeftovers()
+				return
+			}
+			art := takeSnapshot(t, sb, c, "late")
+			mustValidate(t, art, "base")
+			for i := 0; i < 3; i++ {
+				if got := mustRun(t, c, fmt.Sprintf("echo still-%d", i)); got != fmt.Sprintf("still-%d\n", i) {
+					t.Fatalf("parent after snapshot: %q", got)
+				}
+			}
+			entries, _ := os.ReadDir(sb.dir)
+			for _, e := range entries {
+				if strings.HasPrefix(e.Name(), ".") {
+					t.Errorf("partial %s left after the captures", e.Name())
+				}
+			}
+			shutdown(t, sb, c)
+			sb.checkNoLeftovers()
+		})
 	}
-	t.Logf("refused: %s", strings.TrimSpace(body))
-	if _, err := os.Lstat(filepath.Join(sb.dir, "early")); err == nil {
-		t.Errorf("a refused snapshot left %s behind", "early")
-	}
-	if got := mustRun(t, c, "cat /tmp/gate 2>/dev/null; true"); got != "" {
-		t.Fatalf("the in-flight command finished too early (%q); the gate was not exercised", got)
-	}
-	deadline := time.Now().Add(20 * time.Second)
-	for mustRun(t, c, "cat /tmp/gate 2>/dev/null; true") != "done\n" {
-		if time.Now().After(deadline) {
-			t.Fatal("the in-flight command never finished")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	art := takeSnapshot(t, sb, c, "late")
-	mustValidate(t, art, "base")
-	for i := 0; i < 3; i++ {
-		if got := mustRun(t, c, fmt.Sprintf("echo still-%d", i)); got != fmt.Sprintf("still-%d\n", i) {
-			t.Fatalf("parent after snapshot: %q", got)
-		}
-	}
-	entries, _ := os.ReadDir(sb.dir)
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), ".") {
-			t.Errorf("partial %s left after the captures", e.Name())
-		}
-	}
-	shutdown(t, sb, c)
-	sb.checkNoLeftovers()
 }
 
 // TestParkWake parks a guest in the middle of a loop a departed client
-// started; the woken guest finishes the loop, exactly once per line, under
-// the same hostname, and the park is consumed.
+// started (a command in flight: snapshot_allow_dirty = 1 lets the park
+// through); the woken guest finishes the loop, exactly once per line,
+// under the same hostname, and the park is consumed. The OK parked reply
+// carries the bill under the field names of __stats__.
 func TestParkWake(t *testing.T) {
-	sb := forkOf(t, sharedBase(t), "park_dirty = 1")
+	sb := forkOf(t, sharedBase(t), "snapshot_allow_dirty = 1")
 	c := sb.dial()
 	host := strings.TrimSpace(mustRun(t, c, "rm -f /tmp/loop.txt; hostname"))
+	stats, err := c.Query(context.Background(), "__stats__")
+	if err != nil {
+		t.Fatalf("__stats__: %v", err)
+	}
 	c.Close()
 
 	raw := rawDial(t, sb.sock)
@@ -533,11 +567,22 @@ func TestParkWake(t *testing.T) {
 	raw.Close()
 	p := primaryClient(t, sb)
 	body, exit := run(t, p, "__park__ p")
-	if exit != 0 || !strings.HasPrefix(body, "OK parked p pause_ms=") || !strings.Contains(body, "uptime_ms=") {
+	if exit != 0 || !strings.HasPrefix(body, "OK parked p pause_ms=") {
 		t.Fatalf("__park__: %q exit %d", body, exit)
 	}
 	parkedAt := time.Now()
 	t.Logf("%s", strings.TrimSpace(body))
+	fields := parseReport(strings.Join(strings.Fields(body), "\n"))
+	for k := range parseReport(stats) {
+		if _, ok := fields[k]; !ok {
+			t.Errorf("OK parked lacks the __stats__ field %s=: %q", k, body)
+		}
+	}
+	for _, k := range []string{"net_tx", "net_rx"} {
+		if _, ok := fields[k]; ok {
+			t.Errorf("OK parked carries the old field %s= (want the __stats__ names): %q", k, body)
+		}
+	}
 	line := sb.wait(30 * time.Second)
 	if !strings.HasPrefix(line, "[nether] final usage (reason=park): ") || sb.cmd.ProcessState.ExitCode() != 0 {
 		t.Fatalf("parked nether: exit %d, final %q", sb.cmd.ProcessState.ExitCode(), line)
@@ -631,13 +676,7 @@ func TestParkConcurrentWakes(t *testing.T) {
 	}
 	t.Logf("loser: %s", msg)
 	// The winner serves the guest.
-	deadline := time.Now().Add(15 * time.Second)
-	for !strings.Contains(winner.stderr.String(), "control socket ready") {
-		if time.Now().After(deadline) {
-			t.Fatalf("the winner never served its socket:\n%s", winner.stderr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	winner.waitListening(15 * time.Second)
 	wc := winner.dial()
 	if got := mustRun(t, wc, "cat /root/p; hostname"); got != "parked\n"+host+"\n" {
 		t.Errorf("winner: %q", got)
@@ -650,8 +689,11 @@ func TestParkConcurrentWakes(t *testing.T) {
 	if _, err := os.Lstat(art); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the park still exists after the winning wake")
 	}
-	if pids := qemuMentioning(loser.dir); len(pids) > 0 {
-		t.Errorf("the loser left QEMU %v", pids)
+	for _, p := range loser.h.WaitNoSurvivors(5 * time.Second) {
+		t.Errorf("the loser left %s", p)
+	}
+	if left, _ := testharness.Entries(loser.h.TmpDir); len(left) > 0 {
+		t.Errorf("the loser left %v in its TMPDIR", left)
 	}
 	shutdown(t, winner, wc)
 	winner.checkNoLeftovers()
@@ -741,6 +783,25 @@ func TestValidateRefusesDamage(t *testing.T) {
 			}
 			return os.WriteFile(p, re.ReplaceAll(b, []byte("${1}1${2}")), 0o600)
 		}, "meta.json does not match"},
+		// A consistent artifact that says it is format 1 (what an older
+		// nether wrote): metadata and marker agree, the version does not.
+		{"format 1, consistently committed", func(dir string) error {
+			p := filepath.Join(dir, "meta.json")
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			re := regexp.MustCompile(`("format":\s*)2\b`)
+			if !re.Match(b) {
+				return fmt.Errorf("no \"format\": 2 in meta.json: %s", tail(string(b), 200))
+			}
+			b = re.ReplaceAll(b, []byte("${1}1"))
+			if err := os.WriteFile(p, b, 0o600); err != nil {
+				return err
+			}
+			sum := sha256.Sum256(b)
+			return os.WriteFile(filepath.Join(dir, "COMMITTED"), []byte(fmt.Sprintf("nether-snapshot v1 meta-sha256=%x\n", sum)), 0o600)
+		}, "format version 1"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -766,6 +827,41 @@ func TestValidateRefusesDamage(t *testing.T) {
 	mustValidate(t, art, "base") // the original is untouched
 }
 
+// TestArtifactFormat: an artifact is format 2, with a versioned section
+// for the engine and one for the channel, and its marker says so.
+func TestArtifactFormat(t *testing.T) {
+	art := sharedBase(t)
+	b, err := os.ReadFile(filepath.Join(art, "meta.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		Format   int `json:"format"`
+		Sections map[string]struct {
+			Version int             `json:"version"`
+			Data    json.RawMessage `json:"data"`
+		} `json:"sections"`
+	}
+	if err := json.Unmarshal(b, &meta); err != nil {
+		t.Fatalf("meta.json: %v", err)
+	}
+	if meta.Format != 2 {
+		t.Errorf("meta.json format %d, want 2", meta.Format)
+	}
+	for _, name := range []string{"engine", "channel"} {
+		sec, ok := meta.Sections[name]
+		if !ok || sec.Version < 1 || len(sec.Data) == 0 {
+			t.Errorf("meta.json section %q: present %v, version %d, %d bytes of data; want a versioned, non-empty section",
+				name, ok, sec.Version, len(sec.Data))
+		}
+	}
+	marker, err := os.ReadFile(filepath.Join(art, "COMMITTED"))
+	sum := sha256.Sum256(b)
+	if want := fmt.Sprintf("nether-snapshot v2 meta-sha256=%x\n", sum); err != nil || string(marker) != want {
+		t.Errorf("COMMITTED = %q (err %v), want %q", marker, err, want)
+	}
+}
+
 // TestKillDuringCapture SIGKILLs nether while it captures: what is left
 // at the path is either nothing, something that refuses to validate, or
 // (if the commit won the race) a complete artifact; never a half one.
@@ -781,7 +877,7 @@ func TestKillDuringCapture(t *testing.T) {
 				if body, exit, err := raw.reply(60 * time.Second); err != nil || exit != 0 || body != "ok\n" {
 					t.Fatalf("fill: %q %d %v", body, exit, err)
 				}
-				pid, runDir := sb.qemuPID(t)
+				q := sb.qemu()
 				raw.send(t, verb+" big")
 				if delay > 0 {
 					time.Sleep(delay)
@@ -794,17 +890,11 @@ func TestKillDuringCapture(t *testing.T) {
 				}
 				// PDEATHSIG takes QEMU down with it.
 				deadline := time.Now().Add(5 * time.Second)
-				for {
-					b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-					st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-					alive := err == nil && bytes.Contains(b, []byte(runDir)) && !bytes.Contains(st, []byte(") Z "))
-					if !alive {
-						break
-					}
+				for q.Alive() {
 					if time.Now().After(deadline) {
-						t.Fatalf("QEMU %d (run dir %s) survived nether's SIGKILL", pid, runDir)
+						t.Fatalf("QEMU survived nether's SIGKILL: %s", q)
 					}
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(20 * time.Millisecond)
 				}
 				path := filepath.Join(sb.dir, "big")
 				outcome := "nothing at the path"
