@@ -170,8 +170,19 @@ func (s *Server) Listen(path string) error {
 func (s *Server) Serve(ctx context.Context) {
 	s.ctx = ctx
 	// Accept has no context; closing the listener is what unblocks it.
-	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
-	defer stop()
+	// Accept returns as soon as the close begins, before the socket is
+	// shut, so Serve waits for the close to finish: once it returns, a
+	// client that dials is refused, not queued on a dying backlog.
+	lnClosed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		s.ln.Close()
+		close(lnClosed)
+	})
+	defer func() {
+		if !stop() {
+			<-lnClosed
+		}
+	}()
 	for {
 		conn, err := s.ln.AcceptUnix()
 		if err != nil {
