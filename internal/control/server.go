@@ -259,14 +259,16 @@ func (s *Server) admit(conn *net.UnixConn) {
 	}
 	c := newClient(s, conn)
 	s.clients[c] = struct{}{}
-	if s.primary != nil && s.primary.peerClosed() {
-		// The primary hung up before this client connected; we just have
-		// not read its end-of-file yet. The newcomer is the next client,
-		// so it takes the slot, as a client that connects right after
-		// another one quits expects.
-		old := s.primary
+	if s.primary != nil && peerHungUp(s.primary.conn) {
+		// The seat rule: the primary holds the slot until its peer hangs
+		// up, not until we have read what it sent. A client that connects
+		// after the primary closed is the next primary, as a client that
+		// reconnects right after quitting expects, whether or not the old
+		// one's reader has reached its end-of-file yet. What the old
+		// primary sent before it hung up is still read and run with the
+		// rights it was sent with; its reader drops it at end-of-file.
+		s.log.Info("control: the primary hung up; its slot passes to the new client")
 		s.primary = nil
-		go old.drop("disconnected")
 	}
 	if s.primary == nil {
 		s.primary = c
@@ -285,23 +287,6 @@ func (s *Server) release(c *client) {
 	if s.primary == c {
 		s.primary = nil
 	}
-}
-
-// peerClosed reports whether the client has closed its end with nothing
-// left unread: a zero-byte peek. A client that sent a command and then
-// closed still counts as connected until that command has been read.
-func (c *client) peerClosed() bool {
-	raw, err := c.conn.SyscallConn()
-	if err != nil {
-		return true
-	}
-	closed := false
-	raw.Control(func(fd uintptr) {
-		var b [1]byte
-		n, _, err := unix.Recvfrom(int(fd), b[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
-		closed = n == 0 && err == nil
-	})
-	return closed
 }
 
 // client is one connection.
