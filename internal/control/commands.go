@@ -11,14 +11,18 @@ import (
 // table. The entry says who may run the command, how its reply is shaped
 // and how its arguments are checked; the handler only runs it.
 type handler struct {
-	// queued handlers drive the sandbox: they run one at a time, in the
-	// order received, on the client's work queue. The others are queries,
-	// answered straight from the reader so that one sent while a command
-	// streams is answered at the next frame boundary, not after the
-	// command.
-	queued bool
-	run    func(c *client, cmd cmdline.Command)
+	// query answers a query straight from the reader, so that one sent
+	// while a command streams is answered at the next frame boundary, not
+	// after the command.
+	query func(c *client, cmd cmdline.Command)
+	// drive runs a command that drives the sandbox: queued, one at a time
+	// in the order received, on the client's work loop. Its reply goes
+	// through the task, which Stop can end in its place.
+	drive func(t *task, cmd cmdline.Command)
 }
+
+// queued reports whether the handler is queued work rather than a query.
+func (h handler) queued() bool { return h.drive != nil }
 
 // handlers is the part of cmdline's table this build serves, keyed by
 // verb (cmdline.Shell for plain shell commands). A verb with no handler is
@@ -27,15 +31,15 @@ type handler struct {
 // otherwise, and TestHandlersMatchTable checks it), so this map is not a
 // second list of verbs but the attachment of behaviour to the one list.
 var handlers = map[string]handler{
-	"__info__":     {run: (*client).info},
-	"__stats__":    {run: (*client).stats},
-	"__help__":     {run: (*client).help},
-	"__put__":      {queued: true, run: (*client).put},
-	"__get__":      {queued: true, run: (*client).get},
-	"__shutdown__": {queued: true, run: (*client).shutdown},
-	"__snapshot__": {queued: true, run: (*client).capture},
-	"__park__":     {queued: true, run: (*client).capture},
-	cmdline.Shell:  {queued: true, run: (*client).shell},
+	"__info__":     {query: (*client).info},
+	"__stats__":    {query: (*client).stats},
+	"__help__":     {query: (*client).help},
+	"__put__":      {drive: (*task).put},
+	"__get__":      {drive: (*task).get},
+	"__shutdown__": {drive: (*task).shutdown},
+	"__snapshot__": {drive: (*task).capture},
+	"__park__":     {drive: (*task).capture},
+	cmdline.Shell:  {drive: (*task).shell},
 }
 
 // servedSet is the parser and help text for what handlers serve.
@@ -76,8 +80,8 @@ func (c *client) dispatch(cmd cmdline.Command) {
 		c.errReply("read-only observer: %s needs the primary client", name)
 		return
 	}
-	if !h.queued {
-		h.run(c, cmd)
+	if !h.queued() {
+		h.query(c, cmd)
 		return
 	}
 	select {
@@ -94,17 +98,17 @@ func (c *client) help(cmdline.Command) {
 	c.reply(fmt.Sprintf("proto_version=%d\n%s", ProtoVersion, c.s.cmds.Help()), 0)
 }
 
-func (c *client) shutdown(cmdline.Command) {
+func (t *task) shutdown(cmdline.Command) {
 	// The reply goes first: Shutdown ends the process soon after.
-	c.reply("OK shutting down", 0)
-	c.s.backend.Shutdown()
+	t.reply("OK shutting down", 0)
+	t.c.s.backend.Shutdown()
 }
 
-func (c *client) shell(cmd cmdline.Command) { c.runShell(cmd.Shell) }
+func (t *task) shell(cmd cmdline.Command) { t.runShell(cmd.Shell) }
 
-func (c *client) put(cmd cmdline.Command) { c.transfer(cmd, c.s.backend.Put) }
+func (t *task) put(cmd cmdline.Command) { t.transfer(cmd, t.c.s.backend.Put) }
 
-func (c *client) get(cmd cmdline.Command) { c.transfer(cmd, c.s.backend.Get) }
+func (t *task) get(cmd cmdline.Command) { t.transfer(cmd, t.c.s.backend.Get) }
 
 // verb is a command's name as ERR and OK texts spell it ("put", "park").
 func verb(cmd cmdline.Command) string { return strings.Trim(cmd.Name, "_") }

@@ -51,7 +51,7 @@ func TestHandlersMatchTable(t *testing.T) {
 	// Queries run from the reader, so nothing that drives the guest may
 	// be one: a primary-only command is always queued work.
 	for _, sp := range set.Specs() {
-		if sp.Access == cmdline.PrimaryOnly && !handlers[sp.Name].queued {
+		if sp.Access == cmdline.PrimaryOnly && !handlers[sp.Name].queued() {
 			t.Errorf("%q drives the sandbox but is not queued", sp.Usage())
 		}
 	}

@@ -23,6 +23,9 @@ type script struct {
 	delay  time.Duration // before every chunk
 	gateAt int           // with gate != nil: block before chunk gateAt until gate closes
 	gate   chan struct{}
+	// deaf makes the gated Read ignore its context: a guest that never
+	// answers, however the host gives up on it.
+	deaf   bool
 	status string // the agent's exit text, reported after EOF
 	err    error  // returned by Read after the chunks instead of io.EOF
 }
@@ -47,7 +50,9 @@ func (o *fakeOutput) Read(p []byte) (int, error) {
 			}
 			return 0, io.EOF
 		}
-		if o.sc.gate != nil && o.i == o.sc.gateAt {
+		if o.sc.gate != nil && o.i == o.sc.gateAt && o.sc.deaf {
+			<-o.sc.gate
+		} else if o.sc.gate != nil && o.i == o.sc.gateAt {
 			select {
 			case <-o.sc.gate:
 			case <-o.ctx.Done():
@@ -96,6 +101,9 @@ type fakeBackend struct {
 	// block, when set, makes Put, Get, Snapshot and Park wait for their
 	// context to end, and return its error.
 	block bool
+	// deaf, when set, makes those blocked calls, and WaitAgent without
+	// an agent, ignore their context: they wait for deaf to close.
+	deaf chan struct{}
 }
 
 func newFake() *fakeBackend {
@@ -114,6 +122,20 @@ func (f *fakeBackend) record(method string, ctx context.Context) bool {
 	defer f.mu.Unlock()
 	f.ctxs[method] = append(f.ctxs[method], ctx)
 	return f.block
+}
+
+// wait blocks a call until ctx ends, or, when the backend is deaf, until
+// deaf closes; it returns what the call returns.
+func (f *fakeBackend) wait(ctx context.Context) error {
+	f.mu.Lock()
+	deaf := f.deaf
+	f.mu.Unlock()
+	if deaf != nil {
+		<-deaf
+		return errors.New("released")
+	}
+	<-ctx.Done()
+	return ctx.Err()
 }
 
 // contexts returns the contexts method was called with.
@@ -139,6 +161,17 @@ func (f *fakeBackend) WaitAgent(ctx context.Context) error {
 	case <-f.agentUp: // a connected agent wins over a finished ctx
 		return nil
 	default:
+	}
+	f.mu.Lock()
+	deaf := f.deaf
+	f.mu.Unlock()
+	if deaf != nil {
+		select {
+		case <-f.agentUp:
+			return nil
+		case <-deaf:
+			return errors.New("released")
+		}
 	}
 	select {
 	case <-f.agentUp:
@@ -173,8 +206,7 @@ func (f *fakeBackend) Exec(ctx context.Context, command string) (Output, error) 
 func (f *fakeBackend) Put(ctx context.Context, hostPath, guestPath string) (int64, error) {
 	f.putCalls.Add(1)
 	if f.record("Put", ctx) {
-		<-ctx.Done()
-		return 0, ctx.Err()
+		return 0, f.wait(ctx)
 	}
 	return 42, nil
 }
@@ -182,8 +214,7 @@ func (f *fakeBackend) Put(ctx context.Context, hostPath, guestPath string) (int6
 func (f *fakeBackend) Get(ctx context.Context, guestPath, hostPath string) (int64, error) {
 	f.getCalls.Add(1)
 	if f.record("Get", ctx) {
-		<-ctx.Done()
-		return 0, ctx.Err()
+		return 0, f.wait(ctx)
 	}
 	return 7, nil
 }
@@ -198,8 +229,7 @@ func (f *fakeBackend) Shutdown() { f.shutdowns.Add(1) }
 // paths they were given.
 func (f *fakeBackend) Snapshot(ctx context.Context, path string) (string, error) {
 	if f.record("Snapshot", ctx) {
-		<-ctx.Done()
-		return "", ctx.Err()
+		return "", f.wait(ctx)
 	}
 	f.mu.Lock()
 	f.captures = append(f.captures, "snapshot "+path)
@@ -212,8 +242,7 @@ func (f *fakeBackend) Snapshot(ctx context.Context, path string) (string, error)
 
 func (f *fakeBackend) Park(ctx context.Context, path string) (string, error) {
 	if f.record("Park", ctx) {
-		<-ctx.Done()
-		return "", ctx.Err()
+		return "", f.wait(ctx)
 	}
 	f.mu.Lock()
 	f.captures = append(f.captures, "park "+path)

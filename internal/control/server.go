@@ -34,13 +34,22 @@ const (
 	DefaultWedgedAfter   = 5 * time.Second        // a write blocked this long drops the client
 	DefaultBoundaryWait  = 250 * time.Millisecond // a query reply waits this long for a frame boundary
 	DefaultMaxClients    = 16
+	DefaultStopWait      = time.Second // Stop waits this long for replies to end
 	outputCappedMarker   = "\n...[output capped]\n"
 	errAgentNotConnected = "agent not connected (guest not ready)"
 	errStopping          = "nether is stopping"
 	// guestReasonMax bounds how much of a guest's reset reason is logged:
 	// the text is the guest's, so its size is too.
 	guestReasonMax = 256
+	// stopReasonMax bounds the reason Stop puts in its ERR line.
+	stopReasonMax = 256
+	// closeReason is the stop reason of Close, for callers that do not
+	// know why the server closes.
+	closeReason = "nether is stopping"
 )
+
+// errReplyEnded is what writing to a reply that has already ended returns.
+var errReplyEnded = errors.New("the reply has already ended")
 
 // Output is a running command's output as the backend hands it over.
 type Output interface {
@@ -83,6 +92,9 @@ type Server struct {
 	WedgedAfter  time.Duration
 	BoundaryWait time.Duration
 	MaxClients   int
+	// StopWait bounds how long Stop waits for the replies it ended to
+	// reach their clients before it closes every connection.
+	StopWait time.Duration
 
 	// cmds is what this build serves: the parser and __help__ read it.
 	cmds *cmdline.Set
@@ -90,6 +102,12 @@ type Server struct {
 	// client is admitted. Every Backend call and every client context
 	// derives from it.
 	ctx context.Context
+	// stopCtx ends when Stop begins; its cause carries the ERR line every
+	// reply still owed gets (see stopText). Work that Stop cancels runs
+	// under a context joined to it (see stoppable).
+	stopCtx    context.Context
+	stopCancel context.CancelCauseFunc
+	stopped    chan struct{} // closed when Stop has finished
 
 	ln       *net.UnixListener
 	path     string
@@ -110,13 +128,66 @@ func New(log *slog.Logger, b Backend, m *meter.Meter, maxOutput int64) *Server {
 		// that TestHandlersMatchTable catches before any build ships.
 		panic(err)
 	}
+	stopCtx, stopCancel := context.WithCancelCause(context.Background())
 	return &Server{
 		log: log, backend: b, meter: m, maxOut: maxOutput,
 		AgentWait: DefaultAgentWait, WedgedAfter: DefaultWedgedAfter,
 		BoundaryWait: DefaultBoundaryWait, MaxClients: DefaultMaxClients,
-		cmds: cmds, ctx: context.Background(),
+		StopWait: DefaultStopWait,
+		cmds:     cmds, ctx: context.Background(),
+		stopCtx: stopCtx, stopCancel: stopCancel, stopped: make(chan struct{}),
 		clients: map[*client]struct{}{}, uid: os.Getuid(),
 	}
+}
+
+// stopError is the cause of stopCtx: the ERR line of a stopping server.
+type stopError struct{ text string }
+
+func (e *stopError) Error() string { return e.text }
+
+// stopText returns the ERR line every reply still owed gets once Stop has
+// begun, and whether it has.
+func (s *Server) stopText() (string, bool) {
+	if s.stopCtx.Err() == nil {
+		return "", false
+	}
+	var se *stopError
+	if errors.As(context.Cause(s.stopCtx), &se) {
+		return se.text, true
+	}
+	return "ERR sandbox stopping", true
+}
+
+// stoppable derives a context from parent that also ends, with Stop's
+// cause, when the server stops.
+func (s *Server) stoppable(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	unhook := context.AfterFunc(s.stopCtx, func() { cancel(context.Cause(s.stopCtx)) })
+	return ctx, func() {
+		unhook()
+		cancel(context.Canceled)
+	}
+}
+
+// stopLine is the ERR line of Stop(reason). The reason comes from the
+// session and may quote anything (an error from a restore, say), so it is
+// kept to one bounded line of printable text.
+func stopLine(reason string) string {
+	reason = strings.ToValidUTF8(reason, "\uFFFD")
+	reason = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, reason)
+	reason = strings.TrimSpace(reason)
+	if len(reason) > stopReasonMax {
+		reason = strings.ToValidUTF8(reason[:stopReasonMax], "") + "..."
+	}
+	if reason == "" {
+		reason = "no reason given"
+	}
+	return "ERR sandbox stopping: " + reason
 }
 
 // Listen binds the socket at path. A socket file left by a nether that
@@ -161,12 +232,12 @@ func (s *Server) Listen(path string) error {
 	return nil
 }
 
-// Serve accepts clients until ctx is cancelled or Close is called. ctx is
-// the session's root context: the contexts of clients and of every
-// Backend call derive from it, so cancelling it also ends a client's wait
-// for the agent and tells the backend to give up on work in flight.
-// Cancelling ctx stops accepting; Close still drops the clients and
-// removes the socket file.
+// Serve accepts clients until ctx is cancelled or Stop (or Close) is
+// called. ctx is the session's root context: the contexts of clients and
+// of every Backend call derive from it, so cancelling it also ends a
+// client's wait for the agent and tells the backend to give up on work in
+// flight. Cancelling ctx stops accepting; Stop still ends the replies owed,
+// drops the clients and removes the socket file.
 func (s *Server) Serve(ctx context.Context) {
 	s.ctx = ctx
 	// Accept has no context; closing the listener is what unblocks it.
@@ -208,30 +279,88 @@ func (s *Server) Serve(ctx context.Context) {
 	}
 }
 
-// Close stops accepting, drops every client and removes the socket file.
-func (s *Server) Close() {
+// Close is Stop for a caller that does not know why the server closes.
+func (s *Server) Close() { s.Stop(closeReason) }
+
+// Stop ends the control server because the sandbox is ending, for reason
+// (a signal, a failed restore, ...). Every command still owed a reply gets
+// a framed control error, "ERR sandbox stopping: <reason>" with exit -1,
+// before its client is closed:
+//
+//   - a command running now, including one waiting for the agent: its
+//     work is cancelled (the contexts of WaitAgent, Exec, Put and Get
+//     end, with a cause that carries the ERR line) and its reply ends at
+//     once, without waiting for the backend to return. A shell command
+//     that streamed part of its output gets "\n" and then the ERR, so the
+//     frame still ends. A capture (__snapshot__, __park__) is answered
+//     the same way, but its context is not cancelled: whether a capture
+//     in progress commits is the session's decision (it cancels the root
+//     context when it will not wait);
+//   - every command queued behind it, that is every line the client sent
+//     before Stop began, whether or not the server had read it yet: the
+//     same ERR, in order. (Queries among those lines are answered as
+//     usual.) Stop shuts each client's read side, so a client that writes
+//     after that gets EPIPE rather than silence.
+//
+// Stop stops accepting first, then waits for those replies to be written,
+// at most StopWait (a client that does not read is not waited for past
+// that), closes every client and removes the socket file. A reply that
+// ended before Stop began (a shell command's own trailer, say) is not
+// touched; an idle client just sees its connection close.
+//
+// Stop may be called before Serve, during it, or after the root context
+// ended, and more than once: a later call waits for the first to finish
+// and ignores its reason.
+func (s *Server) Stop(reason string) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		<-s.stopped
 		return
 	}
 	s.closed = true
+	line := stopLine(reason)
+	s.stopCancel(&stopError{text: line})
 	cs := make([]*client, 0, len(s.clients))
 	for c := range s.clients {
 		cs = append(cs, c)
 	}
 	s.mu.Unlock()
+	defer close(s.stopped)
+	s.log.Info("control: stopping", "reason", reason, "clients", len(cs))
 	if s.ln != nil {
 		s.ln.Close()
+	}
+	// Shut every client's read side: its reader still gets every line the
+	// client sent before this moment, then end-of-file, so "queued" means
+	// everything sent before the stop, not just what we happened to have
+	// read. A client that writes after this gets EPIPE.
+	for _, c := range cs {
+		c.conn.CloseRead()
+	}
+	// Every work loop ends the reply it owes and answers what is queued,
+	// until the reader ends, then reports settled. Wait for them,
+	// bounded: a client that does not read must not hold up the end of
+	// the sandbox.
+	deadline := time.NewTimer(s.StopWait)
+	defer deadline.Stop()
+wait:
+	for _, c := range cs {
+		select {
+		case <-c.settled:
+		case <-deadline.C:
+			s.log.Warn("control: replies still being written when the stop wait ran out; dropping their clients", "waited", s.StopWait)
+			break wait
+		}
+	}
+	for _, c := range cs {
+		c.drop("sandbox stopping")
+	}
+	if s.ln != nil {
 		var st unix.Stat_t
 		if err := unix.Stat(s.path, &st); err == nil && st.Ino == s.sockIno {
 			os.Remove(s.path)
 		}
-	}
-	// Workers still relaying a command end when the channel closes; we
-	// do not wait for them here, because the guest may still be running.
-	for _, c := range cs {
-		c.drop("server closing")
 	}
 }
 
@@ -245,6 +374,14 @@ func (s *Server) admit(conn *net.UnixConn) {
 		return
 	}
 	s.mu.Lock()
+	if stop, ok := s.stopText(); ok {
+		// Accepted just as Stop began: told why, like any refusal.
+		s.mu.Unlock()
+		conn.SetWriteDeadline(time.Now().Add(time.Second))
+		conn.Write(frame.Framed(stop, -1))
+		conn.Close()
+		return
+	}
 	if s.closed || s.ctx.Err() != nil {
 		s.mu.Unlock()
 		conn.Close()
@@ -296,21 +433,28 @@ type client struct {
 	primary bool // set once at admission
 
 	wmu    sync.Mutex    // serialises every write to conn
+	broken bool          // a write failed: nothing more is written (under wmu)
 	frame  chan struct{} // held from a relayed reply's first byte to its trailer
 	work   chan job
 	done   chan struct{}
 	once   sync.Once
 	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
+
+	// settled is closed when the work loop has ended: after Stop began,
+	// once it has ended the reply it owed and answered everything the
+	// client sent before the stop. Stop may then close the connection.
+	settled    chan struct{}
+	settleOnce sync.Once
 }
 
 func newClient(s *Server, conn *net.UnixConn) *client {
 	// The client's context ends when it leaves or when the session ends.
-	ctx, cancel := context.WithCancel(s.ctx)
+	ctx, cancel := context.WithCancelCause(s.ctx)
 	return &client{
 		s: s, conn: conn, frame: make(chan struct{}, 1),
 		work: make(chan job, 64), done: make(chan struct{}),
-		ctx: ctx, cancel: cancel,
+		ctx: ctx, cancel: cancel, settled: make(chan struct{}),
 	}
 }
 
@@ -322,7 +466,13 @@ func (c *client) drop(why string) {
 		// Free the slot before the client can see its connection close,
 		// so a client that reconnects at once finds it free.
 		c.s.release(c)
-		c.cancel()
+		// Work cancelled because the client left ends with Canceled;
+		// when the server is stopping, with the stop as its cause.
+		cause := context.Cause(c.s.stopCtx)
+		if cause == nil {
+			cause = context.Canceled
+		}
+		c.cancel(cause)
 		close(c.done)
 		c.conn.Close()
 	})
@@ -339,10 +489,16 @@ func (c *client) write(b []byte) error {
 		return net.ErrClosed
 	default:
 	}
+	if c.broken {
+		// A write that failed may have sent part of its bytes; anything
+		// after them would be read as the wrong part of a frame.
+		return net.ErrClosed
+	}
 	c.conn.SetWriteDeadline(time.Now().Add(c.s.WedgedAfter))
 	n, err := c.conn.Write(b)
 	c.s.meter.Out(n)
 	if err != nil {
+		c.broken = true
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			go c.drop(fmt.Sprintf("wedged: a write blocked for more than %s", c.s.WedgedAfter))
@@ -386,6 +542,12 @@ func (c *client) readLoop() {
 			continue
 		}
 		if err != nil {
+			if _, stopping := c.s.stopText(); stopping && errors.Is(err, io.EOF) {
+				// Stop shut our read side (or the client left as it
+				// began): the work loop answers what is queued, and
+				// Stop closes the connection once it has.
+				return
+			}
 			c.drop("disconnected")
 			return
 		}
@@ -402,119 +564,145 @@ func (c *client) readLoop() {
 }
 
 func (c *client) workLoop() {
-	for j := range c.work {
-		if c.ctx.Err() != nil {
-			// The client left, or the session is ending: what was queued
-			// behind the running command must not drive the guest on
-			// behalf of nobody. A client still connected is told why
-			// (a client that left gets nothing: its connection is closed).
-			c.errReply(errStopping)
-			continue
+	defer c.settle()
+	for {
+		select {
+		case j, ok := <-c.work:
+			if !ok {
+				return
+			}
+			c.run(j)
+		case <-c.s.stopCtx.Done():
+			c.answerStopped()
+			return
 		}
-		j.h.run(c, j.cmd)
 	}
 }
 
-// backendCtx is the context of one Backend call: the session's root, not
-// the client's, because work that reached the guest runs to completion
-// (and its output is drained) even if the client goes away.
-func (c *client) backendCtx() (context.Context, context.CancelFunc) {
-	return context.WithCancel(c.s.ctx)
+func (c *client) settle() { c.settleOnce.Do(func() { close(c.settled) }) }
+
+// run runs one queued command and returns when its reply has ended: when
+// the handler returns, or at once when Stop has ended the reply for it.
+func (c *client) run(j job) {
+	if stop, ok := c.s.stopText(); ok {
+		c.reply(stop, -1)
+		return
+	}
+	if c.ctx.Err() != nil {
+		// The client left, or the session is ending: what was queued
+		// behind the running command must not drive the guest on
+		// behalf of nobody. A client still connected is told why
+		// (a client that left gets nothing: its connection is closed).
+		c.errReply(errStopping)
+		return
+	}
+	t := newTask(c)
+	go func() {
+		defer t.finish()
+		j.h.drive(t, j.cmd)
+	}()
+	select {
+	case <-t.done:
+	case <-c.s.stopCtx.Done():
+		// The work is cancelled, but a guest that ignores that must not
+		// keep the client waiting: the reply ends now, and whatever the
+		// handler writes when it returns is discarded. Nothing else
+		// runs on this client, so it never overlaps the next command.
+		t.abort()
+	}
+}
+
+// answerStopped answers, in order, every command queued behind the one
+// Stop ended, with Stop's ERR, until the reader has ended (Stop shut the
+// read side, so that is once the client's last line before the stop has
+// been read). The work loop then reports the client settled.
+func (c *client) answerStopped() {
+	stop, _ := c.s.stopText()
+	for range c.work {
+		c.reply(stop, -1)
+	}
 }
 
 // capture runs __snapshot__ or __park__. The reply comes only when the
-// artifact is committed on disk.
-func (c *client) capture(cmd cmdline.Command) {
-	if !c.waitAgent() {
+// artifact is committed on disk. Stop does not cancel it (whether a capture
+// in progress commits is the session's decision, through the root
+// context), though it does end its reply.
+func (t *task) capture(cmd cmdline.Command) {
+	if !t.waitAgent() {
 		return
 	}
+	c := t.c
 	path := ""
 	if len(cmd.Args) > 0 {
 		path = cmd.Args[0]
 	}
 	name := verb(cmd)
-	ctx, cancel := c.backendCtx()
+	ctx, cancel := context.WithCancel(c.s.ctx)
 	defer cancel()
 	if cmd.Name == "__park__" {
 		body, err := c.s.backend.Park(ctx, path)
 		if err != nil {
-			c.errReply("%s: %v", name, err)
+			t.reply(fmt.Sprintf("ERR %s: %v", name, err), -1)
 			return
 		}
-		c.reply(body, 0)
+		t.reply(body, 0)
 		c.s.backend.FinishPark()
 		return
 	}
 	body, err := c.s.backend.Snapshot(ctx, path)
 	if err != nil {
-		c.errReply("%s: %v", name, err)
+		t.reply(fmt.Sprintf("ERR %s: %v", name, err), -1)
 		return
 	}
-	c.reply(body, 0)
+	t.reply(body, 0)
 }
 
-// waitAgent applies the readiness rule: a driving command waits, bounded,
-// for the agent.
-func (c *client) waitAgent() bool {
-	ctx, cancel := context.WithTimeout(c.ctx, c.s.AgentWait)
-	defer cancel()
-	if err := c.s.backend.WaitAgent(ctx); err != nil {
-		if c.s.ctx.Err() != nil {
-			c.errReply(errStopping)
-		} else {
-			c.errReply(errAgentNotConnected)
-		}
-		return false
-	}
-	return true
-}
-
-func (c *client) transfer(cmd cmdline.Command, op func(context.Context, string, string) (int64, error)) {
-	if !c.waitAgent() {
+// transfer runs __put__ or __get__. The transfer runs to completion even
+// if this client goes away: a half-done transfer is cleaned up by the side
+// that receives it. Stop cancels it.
+func (t *task) transfer(cmd cmdline.Command, op func(context.Context, string, string) (int64, error)) {
+	if !t.waitAgent() {
 		return
 	}
-	// The transfer runs to completion even if this client goes away: a
-	// half-done transfer is cleaned up by the side that receives it.
-	ctx, cancel := c.backendCtx()
+	c := t.c
+	ctx, cancel := c.s.stoppable(c.s.ctx)
 	defer cancel()
 	n, err := op(ctx, cmd.Args[0], cmd.Args[1])
 	if err != nil {
-		c.errReply("%s: %v", verb(cmd), err)
+		t.reply(fmt.Sprintf("ERR %s: %v", verb(cmd), err), -1)
 		return
 	}
 	c.s.meter.Command()
-	c.reply(fmt.Sprintf("OK %s %d bytes", verb(cmd), n), 0)
+	t.reply(fmt.Sprintf("OK %s %d bytes", verb(cmd), n), 0)
 }
 
 // runShell relays a command: output escaped and bounded as it streams,
 // then the trailer with the exit clamped to 0..255. The guest's output is
-// always drained to the end, client or no client.
+// always drained to the end, client or no client: the command's context is
+// the session's root, not the client's, so a command keeps running in the
+// guest when its client leaves. Stop cancels it.
 //
 // Only nether may produce a negative exit. A failure the guest caused (its
 // agent reset the stream) therefore ends the frame with exit 255, like a
 // malformed trailer, and the guest's reason goes to the log, never into an
 // ERR line. A failure on the host ends it with nether's own ERR text.
-func (c *client) runShell(command string) {
-	if !c.waitAgent() {
+func (t *task) runShell(command string) {
+	if !t.waitAgent() {
 		return
 	}
-	ctx, cancel := c.backendCtx()
+	c := t.c
+	ctx, cancel := c.s.stoppable(c.s.ctx)
 	defer cancel()
 	out, err := c.s.backend.Exec(ctx, command)
 	if err != nil && !errors.Is(err, channel.ErrReset) {
-		c.errReply("exec: %v", err)
+		t.reply(fmt.Sprintf("ERR exec: %v", err), -1)
 		return
 	}
 	c.s.meter.Command()
-	select {
-	case c.frame <- struct{}{}:
-		defer func() { <-c.frame }()
-	case <-c.done:
-	}
+	t.open()
 	if err != nil {
 		// The agent refused the command outright: an empty body, exit 255.
-		c.guestReset(err)
-		c.write(frame.Trailer(255))
+		t.guestReset(err)
 		return
 	}
 	var (
@@ -537,7 +725,7 @@ func (c *client) runShell(command string) {
 			if capped {
 				escaped = append(escaped, outputCappedMarker...)
 			}
-			if c.write(escaped) != nil {
+			if t.chunk(escaped) != nil {
 				gone = true
 			}
 		}
@@ -548,23 +736,28 @@ func (c *client) runShell(command string) {
 			// The frame must still end, or the client waits forever and
 			// reads whatever follows as this reply.
 			if errors.Is(rerr, channel.ErrReset) {
-				c.guestReset(rerr)
-				if !gone {
-					c.write(frame.Trailer(255))
-				}
+				t.guestReset(rerr)
 				return
 			}
 			reason := hostExecFailure(rerr)
 			c.s.log.Error("control: relaying a command's output failed", "err", rerr, "reply", reason)
-			if !gone {
-				c.write(append([]byte("\n"), frame.Framed("ERR "+reason, -1)...))
-			}
+			t.failStream(reason)
 			return
 		}
 	}
-	if !gone {
-		c.write(frame.Trailer(frame.ClampExit(out.Status())))
+	t.endStream(frame.Trailer(frame.ClampExit(out.Status())))
+}
+
+// guestReset ends a streamed reply the guest agent reset: exit 255, the
+// reason logged. When the server is stopping, the reset is taken for the
+// stop's doing and the reply ends with Stop's ERR.
+func (t *task) guestReset(err error) {
+	t.c.guestReset(err)
+	if _, stopping := t.c.s.stopText(); stopping {
+		t.failStream("")
+		return
 	}
+	t.endStream(frame.Trailer(255))
 }
 
 // guestReset logs why the guest agent reset a command's stream. The reason
