@@ -657,15 +657,16 @@ func (t *task) capture(cmd cmdline.Command) {
 	t.reply(body, 0)
 }
 
-// transfer runs __put__ or __get__. The transfer runs to completion even
-// if this client goes away: a half-done transfer is cleaned up by the side
-// that receives it. Stop cancels it.
+// transfer runs __put__ or __get__. Its context ends when the client goes
+// away, when the session ends and when the server stops: a transfer nobody
+// waits for is abandoned, and the side that receives it cleans up the half
+// it got.
 func (t *task) transfer(cmd cmdline.Command, op func(context.Context, string, string) (int64, error)) {
 	if !t.waitAgent() {
 		return
 	}
 	c := t.c
-	ctx, cancel := c.s.stoppable(c.s.ctx)
+	ctx, cancel := c.s.stoppable(c.ctx)
 	defer cancel()
 	n, err := op(ctx, cmd.Args[0], cmd.Args[1])
 	if err != nil {
