@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -86,6 +87,36 @@ func TestInfoLineage(t *testing.T) {
 			w.checkNoLeftovers()
 		}},
 	}
+	// Not a step of the chain above: it needs only the shared base.
+	t.Run("a restore never reports a boot's lineage, even while restoring", func(t *testing.T) {
+		sb := spawn(t, t.TempDir(), "restore = 1", "restore_from = "+art)
+		sb.waitListening(10 * time.Second)
+		var answers []string
+		deadline := time.Now().Add(60 * time.Second)
+		for {
+			info, _, err := infoNow(sb.sock)
+			if err != nil {
+				t.Fatalf("__info__ while restoring: %v", err)
+			}
+			answers = append(answers, fmt.Sprintf("agent=%s generation=%s parent=%s snapshot=%s",
+				info["agent"], info["generation"], info["parent"], info["snapshot"]))
+			if info["snapshot"] == "-" || info["generation"] == "0" || info["parent"] == "-" {
+				// restore_from is in nether.conf and the artifact's
+				// identity in its meta.json: both are known before the
+				// socket listens.
+				t.Errorf("a restoring nether answered __info__ with a boot's lineage (agent=%s generation=%s parent=%s snapshot=%s); want the restore's (generation=1 parent=%s snapshot=%s) from the first answer",
+					info["agent"], info["generation"], info["parent"], info["snapshot"], sharedID, art)
+				break
+			}
+			if info["agent"] == "connected" || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Logf("%d answers, first %q, last %q", len(answers), answers[0], answers[len(answers)-1])
+		c := primaryClient(t, sb)
+		check(t, sb.info(c), want{"generation": "1", "parent": sharedID, "snapshot": art})
+	})
 	for _, st := range steps {
 		if !t.Run(st.name, st.run) {
 			return

@@ -199,17 +199,10 @@ func restoreMustFail(t *testing.T, art string) string {
 	sb := spawn(t, dir, "restore = 1", "restore_from = "+art)
 	agentUp := make(chan string, 1)
 	go func() {
-		// Observe only: a connection that sends __info__ and leaves.
 		for !sb.h.Exited() {
-			if c, err := net.DialTimeout("unix", sb.sock, time.Second); err == nil {
-				c.SetDeadline(time.Now().Add(2 * time.Second))
-				c.Write([]byte("__info__\n"))
-				body, _ := bufio.NewReader(c).ReadString(0x1e)
-				c.Close()
-				if parseReport(body)["agent"] == "connected" {
-					agentUp <- body
-					return
-				}
+			if info, body, err := infoNow(sb.sock); err == nil && info["agent"] == "connected" {
+				agentUp <- body
+				return
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -231,6 +224,26 @@ func restoreMustFail(t *testing.T, art string) string {
 		t.Errorf("%s still runs after the restore of %s failed", p, art)
 	}
 	return errOut
+}
+
+// infoNow asks __info__ on a connection of its own that sends nothing
+// else and leaves at once.
+func infoNow(sock string) (map[string]string, string, error) {
+	c, err := net.DialTimeout("unix", sock, time.Second)
+	if err != nil {
+		return nil, "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Write([]byte("__info__\n")); err != nil {
+		return nil, "", err
+	}
+	body, err := bufio.NewReader(c).ReadString(0x1e)
+	if err != nil {
+		return nil, body, err
+	}
+	body = strings.TrimSuffix(body, "\x1e")
+	return parseReport(body), body, nil
 }
 
 // rawConn is a bare protocol connection.
