@@ -169,6 +169,26 @@ func (s *Server) stoppable(parent context.Context) (context.Context, context.Can
 	}
 }
 
+// channelGoneWait bounds how long a reply whose channel closed waits for
+// the session's Stop, so that it can name why the sandbox ended.
+const channelGoneWait = time.Second
+
+// awaitStop: a channel that closed under a command means the sandbox is
+// ending (its engine died); the session calls Stop with the reason a
+// moment later. Waiting for it, bounded, lets the reply say
+// "sandbox stopping: <reason>" rather than only "channel closed".
+func (s *Server) awaitStop(err error) {
+	if !errors.Is(err, channel.ErrClosed) {
+		return
+	}
+	t := time.NewTimer(channelGoneWait)
+	defer t.Stop()
+	select {
+	case <-s.stopCtx.Done():
+	case <-t.C:
+	}
+}
+
 // stopLine is the ERR line of Stop(reason). The reason comes from the
 // session and may quote anything (an error from a restore, say), so it is
 // kept to one bounded line of printable text.
@@ -670,6 +690,7 @@ func (t *task) transfer(cmd cmdline.Command, op func(context.Context, string, st
 	defer cancel()
 	n, err := op(ctx, cmd.Args[0], cmd.Args[1])
 	if err != nil {
+		c.s.awaitStop(err)
 		t.reply(fmt.Sprintf("ERR %s: %v", verb(cmd), err), -1)
 		return
 	}
@@ -740,6 +761,7 @@ func (t *task) runShell(command string) {
 				t.guestReset(rerr)
 				return
 			}
+			c.s.awaitStop(rerr)
 			reason := hostExecFailure(rerr)
 			c.s.log.Error("control: relaying a command's output failed", "err", rerr, "reply", reason)
 			t.failStream(reason)

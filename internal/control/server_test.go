@@ -699,6 +699,14 @@ func TestExecErrors(t *testing.T) {
 			wantLog: "level=ERROR",
 		},
 		{
+			// With no body the ERR leads the frame, so a client sees a
+			// control error, not an empty line.
+			name:    "host channel closes before any output",
+			sc:      script{err: channel.ErrClosed},
+			want:    "ERR exec: channel closed\n\x1e-1\n",
+			wantLog: "level=ERROR",
+		},
+		{
 			name:    "host failure of another kind",
 			sc:      script{chunks: [][]byte{[]byte("partial\n")}, err: errors.New("host said " + guestText)},
 			want:    "partial\n\nERR exec: reading the command's output failed on the host\n\x1e-1\n",

@@ -96,7 +96,13 @@ func (t *task) failStream(text string) {
 		t.writeStop(stop)
 		return
 	}
-	t.c.write(append([]byte("\n"), frame.Framed("ERR "+text, -1)...))
+	b := frame.Framed("ERR "+text, -1)
+	if t.sent {
+		// On a line of its own after the body; with no body the ERR
+		// must lead the frame, or a client would not see a control error.
+		b = append([]byte("\n"), b...)
+	}
+	t.c.write(b)
 	t.release()
 }
 

@@ -206,10 +206,13 @@ func (s *Session) run() (reason string, err error) {
 		select {
 		case err := <-assembled:
 			if err != nil {
+				// Clients waiting for the agent learn why it never came.
+				s.stopControl("start failed: " + err.Error())
 				return meter.ReasonError, err
 			}
 			engineDone = s.machine.Done()
 			if consoleDone, err = s.pumpConsole(consoleMode); err != nil {
+				s.stopControl("start failed: " + err.Error())
 				return meter.ReasonError, err
 			}
 		case sig := <-sigs:
@@ -222,7 +225,13 @@ func (s *Session) run() (reason string, err error) {
 	select {
 	case <-engineDone:
 		<-consoleDone
-		return s.endReason(s.machine.Err())
+		reason, err := s.endReason(s.machine.Err())
+		why := reason
+		if err != nil {
+			why += ": " + err.Error()
+		}
+		s.stopControl(why)
+		return reason, err
 	case sig := <-sigs:
 		reason = signalReason(sig)
 		s.log.Info("signal received; stopping", "signal", sig)
@@ -263,9 +272,7 @@ func signalReason(sig os.Signal) string {
 // assembly to give up, and let the deferred quit stop whatever started.
 func (s *Session) stopDuringAssembly(reason string, assembled <-chan error) (string, error) {
 	s.log.Info("stopping while the sandbox is still starting", "reason", reason)
-	if s.ctl != nil {
-		s.ctl.Close()
-	}
+	s.stopControl(reason)
 	s.cancel(errStopping)
 	<-assembled
 	return reason, nil
@@ -277,9 +284,7 @@ func (s *Session) stopDuringAssembly(reason string, assembled <-chan error) (str
 // a wedged engine must not hold the stop), then ask the guest to power
 // off, then make sure it is gone.
 func (s *Session) teardown(reason string) {
-	if s.ctl != nil {
-		s.ctl.Close()
-	}
+	s.stopControl(reason)
 	locked := make(chan struct{})
 	go func() {
 		s.captureMu.Lock()
@@ -300,6 +305,14 @@ func (s *Session) teardown(reason string) {
 	}
 	s.powerOff(s.opt.PowerOffWait)
 	s.cancel(errStopping)
+}
+
+// stopControl closes the control socket, answering every command still
+// in flight with "ERR sandbox stopping: <why>" before its client goes.
+func (s *Session) stopControl(why string) {
+	if s.ctl != nil {
+		s.ctl.Stop(why)
+	}
 }
 
 // powerOff asks the agent to power the guest off and waits for the engine

@@ -588,3 +588,41 @@ func TestTransfersGuardNethersFiles(t *testing.T) {
 	}
 	mustRun(t, c, "__get__ /evil fine.txt")
 }
+
+// TestEveryCommandAnswered: a command in flight when the sandbox ends gets
+// a framed control error naming why, never a bare end of file.
+func TestEveryCommandAnswered(t *testing.T) {
+	cases := []struct {
+		name string
+		stop func(sb *sandbox)
+		want string
+	}{
+		{"sigterm", func(sb *sandbox) { sb.sigs <- syscall.SIGTERM }, "sandbox stopping: sigterm"},
+		{"engine crash", func(sb *sandbox) { sb.eng.Machines()[0].Crash() }, "sandbox stopping: error"},
+		{"guest panic", func(sb *sandbox) { sb.eng.Machines()[0].GuestPanic("Kernel panic - not syncing\n") }, "sandbox stopping: guest_panic"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sb := start(t, fake.New(slog.Default()), "", "")
+			c := sb.dial()
+			mustRun(t, c, "echo up")
+			got := make(chan error, 1)
+			go func() {
+				_, _, err := run(t, c, "hang")
+				got <- err
+			}()
+			time.Sleep(100 * time.Millisecond)
+			tc.stop(sb)
+			select {
+			case err := <-got:
+				var ce *client.ControlError
+				if !errors.As(err, &ce) || ce.Exit != -1 || !strings.Contains(ce.Msg, tc.want) {
+					t.Fatalf("the command in flight got %v, want a framed ERR with %q", err, tc.want)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the command in flight was never answered")
+			}
+			sb.wait(5 * time.Second)
+		})
+	}
+}
