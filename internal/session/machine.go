@@ -69,18 +69,8 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	s.kernel, s.image = GuestFiles(s.cfg, s.opt.GuestDir)
 	s.digests = newDigests(s.opt.GuestDir)
 
-	id := s.cfg.SandboxID
-	if id == "" {
-		id = ulid.Make().String()
-	}
-	hostname := s.cfg.Hostname
-	if hostname == "" {
-		hostname = DefaultHostname
-	}
-	s.setView(func(v *view) {
-		v.accel = accel
-		v.identity = snapshot.Identity{SandboxID: id, Hostname: hostname, TrustClass: "default"}
-	})
+	hostname := s.getView().identity.Hostname
+	s.setView(func(v *view) { v.accel = accel })
 
 	runDir, releaseRunDir, err := makeRunDir(s.opt.TempDir, s.log)
 	if err != nil {
@@ -129,6 +119,20 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		return nil
 	}
 	return s.finishRestore(ctx, r, m, cc, comps)
+}
+
+// bootIdentity is who a booted sandbox is: handed in by nether.conf, or
+// minted. (A restore derives its identity from the artifact.)
+func bootIdentity(cfg *conf.Config) snapshot.Identity {
+	id := cfg.SandboxID
+	if id == "" {
+		id = ulid.Make().String()
+	}
+	hostname := cfg.Hostname
+	if hostname == "" {
+		hostname = DefaultHostname
+	}
+	return snapshot.Identity{SandboxID: id, Hostname: hostname, TrustClass: "default"}
 }
 
 // install makes an assembled machine the session's and starts serving

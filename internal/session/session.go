@@ -138,6 +138,9 @@ func Run(opt Options) int {
 		stopCh: make(chan string, 1), ready: make(chan struct{}),
 	}
 	s.meter = meter.New(opt.Now, s.cfg.RAMMB, s.cfg.CPUs)
+	// Who the sandbox is is known before anything starts, so __info__
+	// says it from the first moment.
+	s.view.identity = bootIdentity(s.cfg)
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	reason, err := s.run()
 	s.cancel(errStopping)
