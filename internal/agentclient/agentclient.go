@@ -32,6 +32,11 @@ type Client struct {
 
 	up     chan struct{}
 	upOnce sync.Once
+	// bad is closed when the agent cannot be driven (it speaks another
+	// protocol version); badErr says why.
+	bad     chan struct{}
+	badOnce sync.Once
+	badErr  error
 
 	// StallTimeout overrides DefaultStallTimeout; set before use.
 	StallTimeout time.Duration
@@ -42,7 +47,7 @@ type Handler func(ctx context.Context, st *channel.Stream, req agentproto.Reques
 
 // New returns a client on mux serving session epoch (0 for a boot).
 func New(log *slog.Logger, mux *channel.Mux, epoch uint64) *Client {
-	c := &Client{log: log, mux: mux, epoch: epoch, handlers: map[string]Handler{}, up: make(chan struct{}),
+	c := &Client{log: log, mux: mux, epoch: epoch, handlers: map[string]Handler{}, up: make(chan struct{}), bad: make(chan struct{}),
 		StallTimeout: DefaultStallTimeout}
 	c.Handle(agentproto.OpHello, c.hello)
 	return c
@@ -62,11 +67,14 @@ func (c *Client) Up() <-chan struct{} { return c.up }
 
 func (c *Client) markUp() { c.upOnce.Do(func() { close(c.up) }) }
 
-// WaitUp blocks until the agent is up or ctx ends.
+// WaitUp blocks until the agent is up or ctx ends. It fails at once for
+// an agent that cannot be driven.
 func (c *Client) WaitUp(ctx context.Context) error {
 	select {
 	case <-c.up:
 		return nil
+	case <-c.bad:
+		return c.badErr
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
@@ -101,6 +109,16 @@ func (c *Client) hello(_ context.Context, st *channel.Stream, req agentproto.Req
 		"guest_agent_start_ms", req.StartMS, "guest_modules_done_ms", req.ModulesMS, "guest_hello_ms", req.HelloMS)
 	st.CloseWrite(nil)
 	go io.Copy(io.Discard, st)
+	if req.Version != agentproto.Version {
+		// Every request would be misread: an older agent takes a base64
+		// command line for the command itself. Refuse to drive it.
+		c.badOnce.Do(func() {
+			c.badErr = fmt.Errorf("the guest agent speaks agent protocol %d, this nether speaks %d: rebuild the guest image (scripts/setup.sh)", req.Version, agentproto.Version)
+			c.log.Error("refusing to drive the guest agent", "err", c.badErr)
+			close(c.bad)
+		})
+		return
+	}
 	c.markUp()
 }
 
@@ -225,14 +243,21 @@ func (c *Client) Handshake(ctx context.Context, req agentproto.Request) error {
 	return nil
 }
 
-// PowerOff asks the agent to power the guest off. It returns once the
-// request is on its way; the engine's end says when it happened.
-func (c *Client) PowerOff() error {
+// PowerOff asks the agent to power the guest off and waits (until ctx
+// ends) for the agent to acknowledge; the engine's end says when the
+// power-off happened. An error means the guest did not answer.
+func (c *Client) PowerOff(ctx context.Context) error {
 	st, err := c.open(agentproto.Request{Op: agentproto.OpPoweroff})
 	if err != nil {
 		return err
 	}
-	return st.CloseWrite(nil)
+	if err := st.CloseWrite(nil); err != nil {
+		return err
+	}
+	if _, err := drain(ctx, st); err != nil {
+		return err
+	}
+	return nil
 }
 
 // AgentError turns a stream reset into the agent's own message.

@@ -193,21 +193,28 @@ func (s *Server) awaitStop(err error) {
 // session and may quote anything (an error from a restore, say), so it is
 // kept to one bounded line of printable text.
 func stopLine(reason string) string {
-	reason = strings.ToValidUTF8(reason, "\uFFFD")
-	reason = strings.Map(func(r rune) rune {
-		if r < 0x20 || r == 0x7f {
-			return ' '
-		}
-		return r
-	}, reason)
-	reason = strings.TrimSpace(reason)
-	if len(reason) > stopReasonMax {
-		reason = strings.ToValidUTF8(reason[:stopReasonMax], "") + "..."
-	}
+	reason = oneLine(reason)
 	if reason == "" {
 		reason = "no reason given"
 	}
 	return "ERR sandbox stopping: " + reason
+}
+
+// oneLine keeps text that goes into an ERR line to one bounded line of
+// printable UTF-8, so it can never forge or break a frame.
+func oneLine(text string) string {
+	text = strings.ToValidUTF8(text, "\uFFFD")
+	text = strings.Map(func(r rune) rune {
+		if r < 0x20 || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, text)
+	text = strings.TrimSpace(text)
+	if len(text) > stopReasonMax {
+		text = strings.ToValidUTF8(text[:stopReasonMax], "") + "..."
+	}
+	return text
 }
 
 // Listen binds the socket at path. A socket file left by a nether that

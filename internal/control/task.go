@@ -187,10 +187,15 @@ func (t *task) waitAgent() bool {
 	ctx, cancelWait := context.WithTimeout(ctx, c.s.AgentWait)
 	defer cancelWait()
 	if err := c.s.backend.WaitAgent(ctx); err != nil {
-		if c.s.ctx.Err() != nil {
+		switch {
+		case c.s.ctx.Err() != nil:
 			t.reply("ERR "+errStopping, -1)
-		} else {
+		case ctx.Err() != nil:
 			t.reply("ERR "+errAgentNotConnected, -1)
+		default:
+			// The backend knows the agent cannot be driven, and why
+			// (its own words, e.g. a protocol mismatch).
+			t.reply("ERR "+oneLine(err.Error()), -1)
 		}
 		return false
 	}

@@ -178,11 +178,10 @@ func (r *restoring) close() {
 // openArtifact opens, claims (a park) and checks an artifact, starts its
 // verification, and turns spec into a restore of it.
 func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec) (*restoring, error) {
-	art, err := snapshot.Open(s.cfg.RestoreFrom)
-	if err != nil {
-		return nil, err
-	}
-	r := &restoring{art: art}
+	art := s.art
+	r := &restoring{art: art, fork: art.Meta.Kind == snapshot.KindBase}
+	r.next = s.getView().identity
+	var err error
 	if art.Meta.Kind == snapshot.KindPark {
 		// Exactly one wake per park: the claim is atomic across processes.
 		if r.claim, err = art.Claim(); err != nil {
@@ -208,13 +207,6 @@ func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec) (*restori
 		r.close()
 		return nil, err
 	}
-	r.fork = art.Meta.Kind == snapshot.KindBase
-	r.next = s.restoredIdentity(art.Meta.Identity, r.fork)
-	s.setView(func(v *view) {
-		v.identity = r.next
-		v.snapshot = art.Dir
-		v.parent = art.Meta.Identity.SandboxID
-	})
 	verified := make(chan error, 1)
 	go func() { verified <- art.Verify(ctx) }()
 	r.verified = verified
@@ -279,6 +271,25 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 	}
 	s.log.Info("restored", "from", art.Dir, "kind", meta.Kind, "generation", next.Generation,
 		"sandbox", next.SandboxID, "parent", captured.SandboxID)
+	return nil
+}
+
+// openRestore opens the artifact a restore starts from, before anything
+// else starts, so that __info__ tells who the sandbox will be (lineage,
+// generation, the artifact) from its first answer. The checks that take
+// time run in assembly.
+func (s *Session) openRestore() error {
+	art, err := snapshot.Open(s.cfg.RestoreFrom)
+	if err != nil {
+		return err
+	}
+	s.art = art
+	next := s.restoredIdentity(art.Meta.Identity, art.Meta.Kind == snapshot.KindBase)
+	s.setView(func(v *view) {
+		v.identity = next
+		v.snapshot = art.Dir
+		v.parent = art.Meta.Identity.SandboxID
+	})
 	return nil
 }
 

@@ -46,8 +46,10 @@ const (
 	// before cancelling it (a cancelled capture removes its partial
 	// artifact).
 	captureGrace = 2 * time.Second
-	// powerOffWait is how long the guest gets to power off cleanly.
+	// powerOffWait is how long the guest gets to power off cleanly, once
+	// its agent acknowledged the request within powerOffAck.
 	powerOffWait = 4 * time.Second
+	powerOffAck  = time.Second
 	// handshakeTimeout bounds the post-restore handshake: a healthy agent
 	// answers in milliseconds, even under TCG.
 	handshakeTimeout = 20 * time.Second
@@ -92,6 +94,7 @@ type Session struct {
 
 	kernel, image string
 	digests       *digests
+	art           *snapshot.Artifact // the artifact a restore starts from
 
 	// Set once by assemble, before ready is closed; read freely after.
 	machine engine.Machine
@@ -170,6 +173,11 @@ func (s *Session) run() (reason string, err error) {
 	consoleMode := s.cfg.ControlSocket == ""
 	if consoleMode && s.cfg.Restore {
 		return meter.ReasonError, errors.New("restore=1 needs control_socket: a restored sandbox is driven over its control socket")
+	}
+	if s.cfg.Restore {
+		if err := s.openRestore(); err != nil {
+			return meter.ReasonError, err
+		}
 	}
 	if !consoleMode {
 		j, err := jail.Open(s.cfg.Dir)
@@ -319,20 +327,28 @@ func (s *Session) stopControl(why string) {
 }
 
 // powerOff asks the agent to power the guest off and waits for the engine
-// to exit, then forces it.
+// to exit, then forces it. A guest that does not even acknowledge the
+// request within powerOffAck (frozen, wedged) is stopped at once.
 func (s *Session) powerOff(wait time.Duration) {
 	select {
 	case <-s.agent.Up():
-		if err := s.agent.PowerOff(); err != nil {
-			break // the channel is gone (a park halted it): stop the engine
-		}
-		select {
-		case <-s.machine.Done():
-			return
-		case <-time.After(wait):
-			s.log.Warn("guest did not power off in time; stopping the engine", "waited", wait)
-		}
 	default:
+		s.quitMachine()
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, powerOffAck)
+	err := s.agent.PowerOff(ctx)
+	cancel()
+	if err != nil {
+		s.log.Warn("the guest did not acknowledge the power-off; stopping the engine", "err", err)
+		s.quitMachine()
+		return
+	}
+	select {
+	case <-s.machine.Done():
+		return
+	case <-time.After(wait):
+		s.log.Warn("guest did not power off in time; stopping the engine", "waited", wait)
 	}
 	s.quitMachine()
 }

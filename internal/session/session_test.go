@@ -626,3 +626,21 @@ func TestEveryCommandAnswered(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentOfAnotherProtocolRefused: a guest image whose agent speaks
+// another protocol version is never driven; commands fail at once saying
+// why, instead of running misread.
+func TestAgentOfAnotherProtocolRefused(t *testing.T) {
+	eng := fake.New(slog.Default())
+	eng.SetFaults(fake.Faults{AgentVersion: 2})
+	sb := start(t, eng, "", "")
+	c := sb.dial()
+	start := time.Now()
+	_, exit, err := run(t, c, "echo hi")
+	if err == nil || exit != -1 || !strings.Contains(err.Error(), "agent protocol 2") || !strings.Contains(err.Error(), "rebuild the guest image") {
+		t.Fatalf("a command to an agent of another protocol: exit %d err %v", exit, err)
+	}
+	if time.Since(start) > 3*time.Second {
+		t.Fatalf("the refusal took %s", time.Since(start))
+	}
+}

@@ -49,6 +49,9 @@ type Faults struct {
 	DieInCapture bool
 	// NoHello: the booted agent never says hello.
 	NoHello bool
+	// AgentVersion is the protocol version the agent's hello claims; 0 is
+	// agentproto.Version.
+	AgentVersion int
 }
 
 // Engine makes fake machines.
@@ -345,7 +348,11 @@ func (m *Machine) Quit(ctx context.Context) error {
 }
 
 func (m *Machine) hello() {
-	st, err := m.guest.Open(agentproto.Request{Op: agentproto.OpHello, Boot: "fake"}.Encode())
+	v := m.faults.AgentVersion
+	if v == 0 {
+		v = agentproto.Version
+	}
+	st, err := m.guest.Open(agentproto.Request{Op: agentproto.OpHello, Version: v, Boot: "fake"}.Encode())
 	if err != nil {
 		return
 	}

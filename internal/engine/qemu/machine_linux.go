@@ -39,6 +39,10 @@ const ChannelPortName = "nether.channel"
 // Machine is the engine seam's first implementation.
 var _ engine.Machine = (*Machine)(nil)
 
+// maxSocketPath is the longest path a Unix socket can be bound at on Linux
+// (sun_path is 108 bytes with its terminating NUL).
+const maxSocketPath = 107
+
 // Engine runs guests in qemu-system-x86_64.
 type Engine struct {
 	log *slog.Logger
@@ -174,6 +178,9 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	}()
 	for _, name := range []string{"qmp", "console", "channel"} {
 		p := filepath.Join(spec.RunDir, name+".sock")
+		if len(p) > maxSocketPath {
+			return nil, fmt.Errorf("the run directory %s is too long for a Unix socket path (%d bytes, at most %d): set TMPDIR to a shorter directory", spec.RunDir, len(p), maxSocketPath)
+		}
 		l, err := net.ListenUnix("unix", &net.UnixAddr{Name: p, Net: "unix"})
 		if err != nil {
 			return nil, fmt.Errorf("listening for QEMU's %s connection: %w", name, err)
@@ -479,6 +486,10 @@ func (m *Machine) Err() error {
 	return nil
 }
 
+// quitWait is how long Quit lets QEMU exit on its own after QMP quit: a
+// live QEMU takes milliseconds; one that does not is killed.
+const quitWait = time.Second
+
 // Quit stops QEMU now and waits for it.
 func (m *Machine) Quit(ctx context.Context) error {
 	select {
@@ -488,7 +499,7 @@ func (m *Machine) Quit(ctx context.Context) error {
 	}
 	// Bounded on its own: a stop path whose context is already cancelled
 	// still asks QEMU politely first, and a wedged QEMU is killed.
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), quitWait)
 	defer cancel()
 	if m.qmp != nil {
 		m.qmp.execute(qctx, "quit", nil)
