@@ -191,3 +191,33 @@ func TestDirWatchSeesWhatCameAndWent(t *testing.T) {
 		t.Fatalf("Since(the future) = %v, want only nether-dir (present now, absent at the start)", names)
 	}
 }
+
+func TestFDs(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("needs /proc")
+	}
+	before, err := FDs(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := int(f.Fd())
+	during, err := FDs(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	after, _ := FDs(os.Getpid())
+	if got := during[fd]; got != os.DevNull {
+		t.Errorf("fd %d names %q, want %s", fd, got, os.DevNull)
+	}
+	if len(during) != len(before)+1 || len(after) != len(before) {
+		t.Errorf("descriptor counts %d, %d, %d; want n, n+1, n", len(before), len(during), len(after))
+	}
+	if got := FDKinds(map[int]string{0: "/dev/null", 1: "socket:[12]", 2: "socket:[13]", 3: "anon_inode:[eventpoll]", 4: "pipe:[9]"}); got != "/dev/null:1 anon_inode:[eventpoll]:1 pipe:1 socket:2" {
+		t.Errorf("FDKinds = %q", got)
+	}
+}
