@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -343,5 +344,40 @@ func TestPeerThatNeverAcknowledges(t *testing.T) {
 			t.Fatalf("host processed %d of %d frames", recv, 3*maxUnacked)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestHostTransportEndFailsStreams: when the engine's end of the port goes
+// away, every stream on the host half fails at once; no reader or writer
+// waits for a peer that cannot answer.
+func TestHostTransportEndFailsStreams(t *testing.T) {
+	host := New(Host, quietLog())
+	defer host.Close()
+	guest := New(Guest, quietLog())
+	defer guest.Close()
+	hc, gc := net.Pipe()
+	host.Attach(hc, false)
+	guest.Attach(gc, true)
+	s, err := host.Open([]byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept(t, guest)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Read(make([]byte, 10))
+		done <- err
+	}()
+	gc.Close() // the engine process died
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "gone") {
+			t.Fatalf("read after the transport ended: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a reader stayed blocked after the transport ended")
+	}
+	if _, err := host.Open([]byte("y")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Open after the transport ended: %v", err)
 	}
 }

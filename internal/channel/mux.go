@@ -143,11 +143,12 @@ func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
 			m.mu.Lock()
 			if m.gen == gen {
 				m.transport = nil
-				if !m.closed {
-					// The engine's end of the port is gone for good (a
-					// guest's port would have been persistent): every
-					// stream on it fails now instead of waiting forever
-					// for a peer that cannot answer.
+				if !m.closed && m.role == Host {
+					// The engine's end of the port is gone for good: a
+					// host half is attached once per engine process, so
+					// every stream on it fails now instead of waiting
+					// forever for a peer that cannot answer. (A restored
+					// host half is a new Mux with a new transport.)
 					m.closed = true
 					m.closeErr = fmt.Errorf("%w: the guest's end of the channel is gone (%v)", ErrClosed, err)
 				}
