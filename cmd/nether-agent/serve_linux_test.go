@@ -306,24 +306,9 @@ func TestServeEpochChangeMidStream(t *testing.T) {
 	target := filepath.Join(dir, "f")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	s, err := ta.host.Open(agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(target)}.Encode())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.WriteContext(ctx, []byte("first half, ")); err != nil {
-		t.Fatal(err)
-	}
 	// The agent creates its temporary file only after the epoch check, so
 	// once it exists the stream has been admitted under epoch 0.
-	for {
-		if tmp, _ := filepath.Glob(filepath.Join(dir, ".nether-put-*")); len(tmp) > 0 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("the put never started")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	s := startPut(ctx, t, ta, target, "first half, ")
 	ta.restore(t, 9)
 
 	if _, err := s.WriteContext(ctx, []byte("second half")); err != nil {
@@ -385,4 +370,26 @@ func entries(t *testing.T, dir string) string {
 		fmt.Fprintf(&b, "%s:%d ", de.Name(), fi.Size())
 	}
 	return "[" + strings.TrimSpace(b.String()) + "]"
+}
+
+// startPut opens a put of target, sends first, and returns once the agent
+// has created its temporary file beside the target (the put is under way).
+func startPut(ctx context.Context, t *testing.T, ta *testAgent, target, first string) *channel.Stream {
+	t.Helper()
+	s, err := ta.host.Open(agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(target)}.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.WriteContext(ctx, []byte(first)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if tmp, _ := filepath.Glob(filepath.Join(filepath.Dir(target), ".nether-put-*")); len(tmp) > 0 {
+			return s
+		}
+		if ctx.Err() != nil {
+			t.Fatal("the put never started")
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -67,6 +67,20 @@ func overLimit(path string, max int64) error {
 	return fmt.Errorf("%s: more than %d bytes, over the transfer limit of %d", showPath(path), max, max)
 }
 
+// transferTarget reads a transfer's guest path and limit, resetting the
+// stream when either is unusable.
+func transferTarget(s *channel.Stream, req agentproto.Request) (path string, max int64, ok bool) {
+	path, err := guestPath(string(req.Path))
+	if err == nil {
+		max, err = transferLimit(req)
+	}
+	if err != nil {
+		s.Reset(err.Error())
+		return "", 0, false
+	}
+	return path, max, true
+}
+
 // put writes the stream's bytes to a temporary file beside the target and
 // renames it into place only when the host's declared length matches, so
 // an interrupted transfer never leaves a half-written file under the
@@ -78,14 +92,8 @@ func overLimit(path string, max int64) error {
 // appended to). The target is looked at through symlinks; a symlink to a
 // regular file, or a dangling one, is itself replaced by the new file.
 func (a *agent) put(s *channel.Stream, req agentproto.Request) {
-	path, err := guestPath(string(req.Path))
-	if err != nil {
-		s.Reset(err.Error())
-		return
-	}
-	max, err := transferLimit(req)
-	if err != nil {
-		s.Reset(err.Error())
+	path, max, ok := transferTarget(s, req)
+	if !ok {
 		return
 	}
 	// The temporary file goes in the target's own directory, as named:
@@ -197,14 +205,8 @@ func receive(dst *os.File, s *channel.Stream, path string, max int64) (int64, er
 // get. (A file whose read blocks in the kernel despite O_NONBLOCK, such as
 // one on a hung network file system, cannot be interrupted this way.)
 func (a *agent) get(s *channel.Stream, req agentproto.Request) {
-	path, err := guestPath(string(req.Path))
-	if err != nil {
-		s.Reset(err.Error())
-		return
-	}
-	max, err := transferLimit(req)
-	if err != nil {
-		s.Reset(err.Error())
+	path, max, ok := transferTarget(s, req)
+	if !ok {
 		return
 	}
 	open := a.openSource

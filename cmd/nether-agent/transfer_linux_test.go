@@ -292,22 +292,7 @@ func TestPutEndsWhenTheHostLeaves(t *testing.T) {
 			writeFile(t, target, "old")
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			s, err := ta.host.Open(agentproto.Request{Op: agentproto.OpPut, Path: agentproto.Text(target)}.Encode())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := s.WriteContext(ctx, []byte("half of it")); err != nil {
-				t.Fatal(err)
-			}
-			for {
-				if tmp, _ := filepath.Glob(filepath.Join(dir, ".nether-put-*")); len(tmp) > 0 {
-					break
-				}
-				if ctx.Err() != nil {
-					t.Fatal("the put never started")
-				}
-				time.Sleep(time.Millisecond)
-			}
+			s := startPut(ctx, t, ta, target, "half of it")
 			if how == "host resets" {
 				s.Reset("host gave up")
 			} else {

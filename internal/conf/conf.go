@@ -364,22 +364,10 @@ var fields = []field{
 		func(c *Config, v string) string { return setInt(&c.RAMMB, v, 128, 65536) },
 		func(c *Config) string { return strconv.Itoa(c.RAMMB) }},
 	{"max_output_bytes",
-		func(c *Config, v string) string {
-			n, msg := parseUint(v)
-			if msg == "" {
-				c.MaxOutputBytes = n
-			}
-			return msg
-		},
+		func(c *Config, v string) string { return setUint(&c.MaxOutputBytes, v) },
 		func(c *Config) string { return strconv.FormatInt(c.MaxOutputBytes, 10) }},
 	{"max_transfer_bytes",
-		func(c *Config, v string) string {
-			n, msg := parseUint(v)
-			if msg == "" {
-				c.MaxTransferBytes = n
-			}
-			return msg
-		},
+		func(c *Config, v string) string { return setUint(&c.MaxTransferBytes, v) },
 		func(c *Config) string { return strconv.FormatInt(c.MaxTransferBytes, 10) }},
 	{"console_log_max_bytes",
 		func(c *Config, v string) string {
@@ -482,6 +470,15 @@ var unsupported = map[string]struct{}{
 	"app_port": {}, "data_socket": {}, "max_data_conns": {}, "data_idle_ms": {}, "data_rate_kbps": {},
 	"egress_port": {}, "egress_socket": {},
 	"run_as": {}, "gpu": {}, "snapshot_save": {},
+}
+
+// setUint sets *dst to the unsigned decimal v.
+func setUint(dst *int64, v string) string {
+	n, msg := parseUint(v)
+	if msg == "" {
+		*dst = n
+	}
+	return msg
 }
 
 // parseUint parses a plain, unsigned decimal that fits int64.
