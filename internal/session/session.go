@@ -242,6 +242,10 @@ func (s *Session) run() (reason string, err error) {
 			why += ": " + err.Error()
 		}
 		s.stopControl(why)
+		// A capture the engine's death interrupted removes its partial
+		// artifact before the process ends.
+		s.holdCaptures()
+		s.captureMu.Unlock()
 		return reason, err
 	case sig := <-sigs:
 		reason = signalReason(sig)
@@ -296,18 +300,7 @@ func (s *Session) stopDuringAssembly(reason string, assembled <-chan error) (str
 // off, then make sure it is gone.
 func (s *Session) teardown(reason string) {
 	s.stopControl(reason)
-	locked := make(chan struct{})
-	go func() {
-		s.captureMu.Lock()
-		close(locked)
-	}()
-	select {
-	case <-locked:
-	case <-time.After(captureGrace):
-		s.log.Warn("a capture in progress did not finish in time; cancelling it", "waited", captureGrace)
-		s.cancel(errStopping)
-		<-locked
-	}
+	s.holdCaptures()
 	defer s.captureMu.Unlock()
 	if reason == meter.ReasonPark {
 		// The guest must never run again: its future is the park.
@@ -323,6 +316,24 @@ func (s *Session) teardown(reason string) {
 func (s *Session) stopControl(why string) {
 	if s.ctl != nil {
 		s.ctl.Stop(why)
+	}
+}
+
+// holdCaptures takes the capture lock, so no capture starts and none is
+// left half done when the process ends: one in progress gets captureGrace
+// to commit (or clean up after itself), then is cancelled and waited for.
+func (s *Session) holdCaptures() {
+	locked := make(chan struct{})
+	go func() {
+		s.captureMu.Lock()
+		close(locked)
+	}()
+	select {
+	case <-locked:
+	case <-time.After(captureGrace):
+		s.log.Warn("a capture in progress did not finish in time; cancelling it", "waited", captureGrace)
+		s.cancel(errStopping)
+		<-locked
 	}
 }
 
