@@ -254,6 +254,29 @@ func readUntil(rc *rawConn, want string, timeout time.Duration) (string, error) 
 	return string(got), nil
 }
 
+// waitTemp waits for the temporary file of a __get__ into target to
+// appear in dir (and, when flowing, to hold bytes) and returns its name
+// and size.
+func waitTemp(t *testing.T, dir, target string, flowing bool) (string, int64) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		names, _ := testharness.Entries(dir)
+		for _, n := range names {
+			if strings.HasPrefix(n, "."+target+".") {
+				fi, err := os.Stat(filepath.Join(dir, n))
+				if err == nil && (!flowing || fi.Size() > 0) {
+					return n, fi.Size()
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no temporary file for %s appeared within 30 s (launch directory: %v)", target, names)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // stoppedReply checks a reply that a stop ended, read to the connection's
 // end: whatever body came first (it must start with partial), then
 // "ERR sandbox stopping: <reason...>" on a line of its own, then the
@@ -395,24 +418,7 @@ func TestHardeningTransfersEnd(t *testing.T) {
 			rc.send(t, "__get__ "+tc.path+" "+target)
 			// The transfer is under way once its temporary file exists
 			// (and, streaming, has bytes in it).
-			tmp := ""
-			deadline := time.Now().Add(30 * time.Second)
-			for tmp == "" {
-				names, _ := testharness.Entries(sb.dir)
-				for _, n := range names {
-					if strings.HasPrefix(n, "."+target+".") {
-						fi, err := os.Stat(filepath.Join(sb.dir, n))
-						if err == nil && (!tc.flowing || fi.Size() > 0) {
-							tmp = n
-						}
-					}
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("no temporary file for %s appeared within 30 s (launch directory: %v)", target, names)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			fi, _ := os.Stat(filepath.Join(sb.dir, tmp))
+			tmp, size := waitTemp(t, sb.dir, target, tc.flowing)
 			rc.Close()
 			left := time.Now()
 			for {
@@ -424,7 +430,7 @@ func TestHardeningTransfersEnd(t *testing.T) {
 				}
 				time.Sleep(5 * time.Millisecond)
 			}
-			t.Logf("left with %s holding %d bytes; it was removed %s later", tmp, fi.Size(), time.Since(left).Round(time.Millisecond))
+			t.Logf("left with %s holding %d bytes; it was removed %s later", tmp, size, time.Since(left).Round(time.Millisecond))
 			c := primaryClient(t, sb)
 			okSnapshot(t, c, "snap-"+target)
 			c.Close()
@@ -449,7 +455,7 @@ func TestHardeningTransferLimit(t *testing.T) {
 	c.Close()
 	at := make([]byte, limit)
 	rand.Read(at)
-	for name, data := range map[string][]byte{"at.bin": at, "over.bin": make([]byte, limit+1)} {
+	for name, data := range map[string][]byte{"at.bin": at, "over.bin": make([]byte, limit+1), "keep": []byte("keep me\n")} {
 		if err := os.WriteFile(filepath.Join(sb.dir, name), data, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -480,6 +486,9 @@ func TestHardeningTransferLimit(t *testing.T) {
 			"[ ! -e /tmp/huge ] && ! ls -a /tmp | grep -q nether && echo clean"},
 		{"put one byte over", "__put__ over.bin /tmp/over-put", []string{"1048577", "1048576"}, 10 * time.Second,
 			"[ ! -e /tmp/over-put ] && ! ls -a /tmp | grep -q nether && echo clean"},
+		// A refused get leaves the host file it would have replaced as
+		// it was.
+		{"refused get onto an existing file", "__get__ /tmp/over keep", []string{"1048576"}, 10 * time.Second, ""},
 		{"get at the limit", "__get__ /tmp/at at", nil, 30 * time.Second, ""},
 		{"put at the limit", "__put__ at.bin /tmp/at-put", nil, 30 * time.Second, ""},
 	} {
@@ -516,6 +525,10 @@ func TestHardeningTransferLimit(t *testing.T) {
 				}
 			}
 			switch tc.line {
+			case "__get__ /tmp/over keep":
+				if b, err := os.ReadFile(filepath.Join(sb.dir, "keep")); err != nil || string(b) != "keep me\n" {
+					t.Errorf("the refused get changed the existing file: %q %v", b, err)
+				}
 			case "__get__ /tmp/at at":
 				allowed = []string{"at"}
 				b, err := os.ReadFile(filepath.Join(sb.dir, "at"))
@@ -698,45 +711,55 @@ func TestHardeningConsole(t *testing.T) {
 
 // TestHardeningStopAnswers: a command in flight when the sandbox stops
 // gets its partial output, then a framed ERR sandbox stopping: <reason>
-// (exit -1), then the end of the connection.
+// (exit -1), then the end of the connection; a transfer in flight gets
+// the same ERR and leaves no temporary file behind.
 func TestHardeningStopAnswers(t *testing.T) {
 	art := sharedBase(t)
+	sigterm := func(t *testing.T, sb *sandbox) { sb.h.Signal(syscall.SIGTERM) }
+	killQEMU := func(t *testing.T, sb *sandbox) {
+		if err := sb.qemu().Signal(syscall.SIGKILL); err != nil {
+			t.Fatalf("SIGKILL QEMU: %v", err)
+		}
+	}
+	isSigterm := func(r string) bool { return r == "sigterm" }
+	isFailure := func(r string) bool { return r != "" && r != "sigterm" && r != "shutdown" && r != "poweroff" }
+	const streaming = "echo start; i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.05; done"
 	for _, tc := range []struct {
-		name, line, partial string
-		stop                func(t *testing.T, sb *sandbox)
-		reason              func(string) bool // the final record's reason
-		exitZero            bool
-		exactErr            string // the whole ERR line, when it is known
+		name, line string
+		partial    string // output to wait for before the fault
+		getInto    string // a __get__: wait for its temporary file to hold bytes
+		stop       func(t *testing.T, sb *sandbox)
+		reason     func(string) bool // the final record's reason
+		exitZero   bool
+		exactErr   string // the whole ERR line, when it is known
 	}{
-		{"SIGTERM during sleep", "sleep 20", "",
-			func(t *testing.T, sb *sandbox) { sb.h.Signal(syscall.SIGTERM) },
-			func(r string) bool { return r == "sigterm" }, true, "ERR sandbox stopping: sigterm"},
-		{"SIGTERM after partial output", "echo start; sleep 20", "start\n",
-			func(t *testing.T, sb *sandbox) { sb.h.Signal(syscall.SIGTERM) },
-			func(r string) bool { return r == "sigterm" }, true, "ERR sandbox stopping: sigterm"},
-		{"QEMU killed while streaming", "echo start; i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.05; done", "start\n",
-			func(t *testing.T, sb *sandbox) {
-				if err := sb.qemu().Signal(syscall.SIGKILL); err != nil {
-					t.Fatalf("SIGKILL QEMU: %v", err)
-				}
-			},
-			func(r string) bool { return r != "" && r != "sigterm" && r != "shutdown" && r != "poweroff" }, false, ""},
+		{"SIGTERM during sleep", "sleep 20", "", "", sigterm, isSigterm, true, "ERR sandbox stopping: sigterm"},
+		{"SIGTERM after partial output", "echo start; sleep 20", "start\n", "", sigterm, isSigterm, true, "ERR sandbox stopping: sigterm"},
+		{"SIGTERM during a streaming get", "__get__ /tmp/sparse out", "", "out", sigterm, isSigterm, true, "ERR sandbox stopping: sigterm"},
+		{"SIGTERM during an idle get", "__get__ /proc/kmsg out", "", "out", sigterm, isSigterm, true, "ERR sandbox stopping: sigterm"},
+		{"QEMU killed while streaming", streaming, "start\n", "", killQEMU, isFailure, false, ""},
+		{"QEMU killed during a streaming get", "__get__ /tmp/sparse out", "", "out", killQEMU, isFailure, false, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			sb := forkOf(t, art)
 			c := sb.dial()
-			mustRun(t, c, "true")
+			mustRun(t, c, "truncate -s 1G /tmp/sparse")
 			c.Close()
 			rc := rawPrimary(t, sb)
 			rc.send(t, tc.line)
-			first := "start\n"
-			if tc.partial == "" {
-				time.Sleep(500 * time.Millisecond) // the command runs
-				first = ""
-			} else if got, err := readUntil(rc, first, 30*time.Second); err != nil {
-				t.Fatalf("%q did not start: %q %v", tc.line, got, err)
-			} else {
+			first := ""
+			switch {
+			case tc.partial != "":
+				got, err := readUntil(rc, tc.partial, 30*time.Second)
+				if err != nil {
+					t.Fatalf("%q did not start: %q %v", tc.line, got, err)
+				}
 				first = got
+			case tc.getInto != "":
+				tmp, size := waitTemp(t, sb.dir, tc.getInto, strings.Contains(tc.line, "sparse"))
+				t.Logf("the get is under way: %s holds %d bytes", tmp, size)
+			default:
+				time.Sleep(500 * time.Millisecond) // the command runs
 			}
 			began := time.Now()
 			tc.stop(t, sb)
@@ -763,41 +786,90 @@ func TestHardeningStopAnswers(t *testing.T) {
 			}
 			t.Logf("nether ended with status %d: %s", sb.h.ExitCode(), line)
 			sb.checkNoLeftovers()
+			if tc.getInto != "" {
+				if _, err := os.Lstat(filepath.Join(sb.dir, tc.getInto)); err == nil {
+					t.Errorf("the interrupted __get__ left its target %s", tc.getInto)
+				}
+			}
 		})
+	}
+}
+
+// TestHardeningStopAnswersQueued: lines a client sent behind a running
+// command are each answered, in order, when the sandbox stops.
+func TestHardeningStopAnswersQueued(t *testing.T) {
+	sb := forkOf(t, sharedBase(t))
+	c := sb.dial()
+	mustRun(t, c, "true")
+	c.Close()
+	rc := rawPrimary(t, sb)
+	rc.send(t, "echo start; sleep 20\necho queued-1\n__get__ /etc/hostname queued-2")
+	if got, err := readUntil(rc, "start\n", 30*time.Second); err != nil {
+		t.Fatalf("the command did not start: %q %v", got, err)
+	}
+	time.Sleep(200 * time.Millisecond) // the queued lines are read
+	sb.h.Signal(syscall.SIGTERM)
+	rest, err := readToEOF(rc, 20*time.Second)
+	if err != nil {
+		t.Fatalf("the replies did not end with the connection within 20 s: %v (got %q)", err, rest)
+	}
+	const stop = "ERR sandbox stopping: sigterm\n\x1e-1\n"
+	if want := "\n" + stop + stop + stop; rest != want {
+		t.Errorf("after start: %q; want the running command's ERR on a line of its own, then one ERR for each queued line, then the end", rest)
+	}
+	if line := waitFinal(t, sb, 30*time.Second); reasonOf(line) != "sigterm" {
+		t.Errorf("final record %q, want reason=sigterm", line)
+	}
+	sb.checkNoLeftovers()
+	if _, err := os.Lstat(filepath.Join(sb.dir, "queued-2")); err == nil {
+		t.Errorf("a queued __get__ ran after the stop began")
 	}
 }
 
 // ---------------------------------------------------------------------
 // 4. Honest stop reasons
 
-// TestHardeningGuestPanic: a kernel panic ends nether with
-// reason=guest_panic and a non-zero exit; the command that caused it is
-// answered.
-func TestHardeningGuestPanic(t *testing.T) {
-	sb := forkOf(t, sharedBase(t))
-	c := sb.dial()
-	mustRun(t, c, "true")
-	c.Close()
-	rc := rawPrimary(t, sb)
-	began := time.Now()
-	rc.send(t, "echo c > /proc/sysrq-trigger")
-	all, err := readToEOF(rc, 30*time.Second)
-	if err != nil {
-		t.Fatalf("the panicking command's reply did not end within 30 s: %v (got %q)", err, all)
+// TestHardeningGuestEnds: a guest that ends itself ends nether with the
+// reason that is true: a kernel panic is guest_panic and a reset nobody
+// asked for guest_crash (both a non-zero exit), a power-off is poweroff
+// (exit 0). The command that ended it is answered with that reason.
+func TestHardeningGuestEnds(t *testing.T) {
+	art := sharedBase(t)
+	for _, tc := range []struct {
+		name, line, reason string
+		exitZero           bool
+	}{
+		{"kernel panic", "echo c > /proc/sysrq-trigger", "guest_panic", false},
+		{"reset", "echo b > /proc/sysrq-trigger", "guest_crash", false},
+		{"power off", "echo o > /proc/sysrq-trigger; sleep 20", "poweroff", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sb := forkOf(t, art)
+			c := sb.dial()
+			mustRun(t, c, "true")
+			c.Close()
+			rc := rawPrimary(t, sb)
+			began := time.Now()
+			rc.send(t, tc.line)
+			all, err := readToEOF(rc, 30*time.Second)
+			if err != nil {
+				t.Fatalf("the reply to %q did not end within 30 s: %v (got %q)", tc.line, err, all)
+			}
+			errLine := stoppedReply(t, all, "")
+			line := waitFinal(t, sb, 30*time.Second)
+			t.Logf("%s: reply %q; nether ended %s later with status %d: %s", tc.name, errLine, time.Since(began).Round(time.Millisecond), sb.h.ExitCode(), line)
+			if reasonOf(line) != tc.reason {
+				t.Errorf("final record %q, want reason=%s", line, tc.reason)
+			}
+			if !strings.HasPrefix(errLine, "ERR sandbox stopping: "+tc.reason) {
+				t.Errorf("reply %q, want ERR sandbox stopping: %s...", errLine, tc.reason)
+			}
+			if code := sb.h.ExitCode(); (code == 0) != tc.exitZero {
+				t.Errorf("nether exit status %d after a guest %s (want zero: %v)", code, tc.name, tc.exitZero)
+			}
+			sb.checkNoLeftovers()
+		})
 	}
-	errLine := stoppedReply(t, all, "")
-	line := waitFinal(t, sb, 30*time.Second)
-	t.Logf("panic: reply %q; nether ended %s later with status %d: %s", errLine, time.Since(began).Round(time.Millisecond), sb.h.ExitCode(), line)
-	if reasonOf(line) != "guest_panic" {
-		t.Errorf("final record %q, want reason=guest_panic", line)
-	}
-	if !strings.HasPrefix(errLine, "ERR sandbox stopping: guest_panic") {
-		t.Errorf("reply %q, want ERR sandbox stopping: guest_panic...", errLine)
-	}
-	if sb.h.ExitCode() == 0 {
-		t.Errorf("nether exited 0 after a guest panic")
-	}
-	sb.checkNoLeftovers()
 }
 
 // TestHardeningGuestSignalsToInit: a workload's signals to PID 1 (the
