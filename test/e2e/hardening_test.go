@@ -175,9 +175,13 @@ func freshEcho(sb *sandbox, limit time.Duration) (time.Duration, error) {
 	began := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
+	observer := false
 	for {
 		c, err := client.Dial(ctx, sb.sock)
 		if err != nil {
+			if observer {
+				return time.Since(began), fmt.Errorf("never got the primary seat (another client holds it?); last: %w", err)
+			}
 			return time.Since(began), err
 		}
 		var out bytes.Buffer
@@ -186,6 +190,7 @@ func freshEcho(sb *sandbox, limit time.Duration) (time.Duration, error) {
 		var ce *client.ControlError
 		if errors.As(err, &ce) && strings.Contains(ce.Msg, "read-only observer") {
 			// The last primary's hang-up is not seen yet.
+			observer = true
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
