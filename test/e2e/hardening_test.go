@@ -319,33 +319,6 @@ func fieldsOf(s string) map[string]int64 {
 	return m
 }
 
-// finalAnyRE is finalRE for every stop reason: finalRE's reason=[a-z]+
-// does not admit guest_panic or guest_crash.
-var finalAnyRE = regexp.MustCompile(`^\[nether\] (final usage|x402 settlement) \(reason=([a-z_]+)\): uptime_ms=\d+ cpu_ms=\d+ mem_peak_mb=\d+ ram_mb=\d+ cpus=\d+ commands=\d+ bytes_in=\d+ bytes_out=\d+ net_tx=\d+ net_rx=\d+ net_blocked=\d+$`)
-
-// waitFinal is sb.wait for any stop reason: it waits for nether to exit
-// and returns its one final record.
-func waitFinal(t *testing.T, sb *sandbox, timeout time.Duration) string {
-	t.Helper()
-	if err := sb.h.Wait(timeout); err != nil {
-		t.Fatalf("%v; stderr:\n%s", err, tail(sb.stderr.String(), 5000))
-	}
-	sb.checkRace()
-	var lines []string
-	for _, l := range strings.Split(sb.stdout.String(), "\n") {
-		if strings.HasPrefix(l, "[nether] ") {
-			lines = append(lines, l)
-		}
-	}
-	if len(lines) != 1 {
-		t.Fatalf("want exactly one final record on stdout, got %d:\n%s", len(lines), sb.stdout.String())
-	}
-	if !finalAnyRE.MatchString(lines[0]) {
-		t.Fatalf("final record malformed: %q", lines[0])
-	}
-	return lines[0]
-}
-
 var reasonRE = regexp.MustCompile(`\(reason=([a-z_]+)\)`)
 
 func reasonOf(line string) string {
@@ -775,7 +748,7 @@ func TestHardeningStopAnswers(t *testing.T) {
 			}
 			errLine := stoppedReply(t, first+rest, tc.partial)
 			t.Logf("%s: %q then the end of the connection, %s after the fault", tc.name, errLine, took.Round(time.Millisecond))
-			line := waitFinal(t, sb, 30*time.Second)
+			line := sb.wait(30 * time.Second)
 			reason := reasonOf(line)
 			if !tc.reason(reason) {
 				t.Errorf("final record %q: unexpected reason", line)
@@ -822,7 +795,7 @@ func TestHardeningStopAnswersQueued(t *testing.T) {
 	if want := "\n" + stop + stop + stop; rest != want {
 		t.Errorf("after start: %q; want the running command's ERR on a line of its own, then one ERR for each queued line, then the end", rest)
 	}
-	if line := waitFinal(t, sb, 30*time.Second); reasonOf(line) != "sigterm" {
+	if line := sb.wait(30 * time.Second); reasonOf(line) != "sigterm" {
 		t.Errorf("final record %q, want reason=sigterm", line)
 	}
 	sb.checkNoLeftovers()
@@ -861,7 +834,7 @@ func TestHardeningGuestEnds(t *testing.T) {
 				t.Fatalf("the reply to %q did not end within 30 s: %v (got %q)", tc.line, err, all)
 			}
 			errLine := stoppedReply(t, all, "")
-			line := waitFinal(t, sb, 30*time.Second)
+			line := sb.wait(30 * time.Second)
 			t.Logf("%s: reply %q; nether ended %s later with status %d: %s", tc.name, errLine, time.Since(began).Round(time.Millisecond), sb.h.ExitCode(), line)
 			if reasonOf(line) != tc.reason {
 				t.Errorf("final record %q, want reason=%s", line, tc.reason)
@@ -1084,7 +1057,7 @@ func TestHardeningOneBill(t *testing.T) {
 	if exit != 0 || !strings.HasPrefix(body, "OK parked p ") {
 		t.Fatalf("__park__: %q exit %d", body, exit)
 	}
-	line := waitFinal(t, sb, 30*time.Second)
+	line := sb.wait(30 * time.Second)
 	t.Logf("reply:  %s", strings.TrimSpace(body))
 	t.Logf("record: %s", line)
 	if reasonOf(line) != "park" {
