@@ -195,11 +195,13 @@ func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec) (*restori
 	if err := (components{&channelComponent{}}).check(art.Meta.Sections); err != nil {
 		return fail(err)
 	}
-	probe, err := s.opt.Engine.Probe(ctx)
-	if err != nil {
-		return fail(err)
-	}
-	fp, err := s.fingerprintWith(probe, spec.Accel)
+	// What does not need the engine is checked before it starts (the
+	// shape, the accelerator, the guest files): a mismatch there must be
+	// named, not surface as the engine refusing the memory. The engine's
+	// own identity is checked against the started engine, which reports
+	// it anyway; probing it first would cost a whole engine start.
+	have := art.Meta.Fingerprint
+	fp, err := s.fingerprintWith(engine.Info{Backend: have.Engine, Version: have.EngineVersion, Machine: have.Machine}, spec.Accel)
 	if err != nil {
 		return fail(err)
 	}
@@ -223,7 +225,14 @@ func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec) (*restori
 // checksums, components, device state, identity, resume, handshake.
 func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Machine, cc *channelComponent, comps components) error {
 	art, meta := r.art, &r.art.Meta
-	err := <-r.verified
+	fp, err := s.fingerprintWith(m.Info(), s.getView().accel)
+	if err != nil {
+		return err
+	}
+	if err := art.Match(fp); err != nil {
+		return err
+	}
+	err = <-r.verified
 	r.verified = nil
 	if err != nil {
 		return err

@@ -644,3 +644,29 @@ func TestAgentOfAnotherProtocolRefused(t *testing.T) {
 		t.Fatalf("the refusal took %s", time.Since(start))
 	}
 }
+
+// TestRestoreRefusesAnotherEngineOrShape: an artifact restores only on the
+// engine version and shape it was captured with, and the refusal names
+// what differs.
+func TestRestoreRefusesAnotherEngineOrShape(t *testing.T) {
+	base, _ := snapshotBase(t, fake.New(slog.Default()), "base")
+	cases := []struct {
+		name  string
+		eng   *fake.Engine
+		extra string
+		want  string
+	}{
+		{"engine upgraded", &fake.Engine{Log: slog.Default(), Version: "2.0.0"}, "", "engine_version=1.0.0; this nether has engine_version=2.0.0"},
+		{"more memory", fake.New(slog.Default()), "ram_mb = 1024\n", "ram_mb=512; this nether has ram_mb=1024"},
+		{"more cpus", fake.New(slog.Default()), "cpus = 2\n", "cpus=1; this nether has cpus=2"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			sb := start(t, tc.eng, "", "restore = 1\nrestore_from = "+base+"\n"+tc.extra)
+			sb.expectEnd(5*time.Second, 1, "error")
+			if !strings.Contains(sb.logs.String(), tc.want) {
+				t.Fatalf("log lacks %q", tc.want)
+			}
+		})
+	}
+}

@@ -57,6 +57,9 @@ type Faults struct {
 // Engine makes fake machines.
 type Engine struct {
 	Log *slog.Logger
+	// Version overrides the version the engine reports (default Version),
+	// as an upgraded engine would.
+	Version string
 
 	mu       sync.Mutex
 	faults   Faults
@@ -71,6 +74,13 @@ const Version = "1.0.0"
 
 // New returns a fake engine.
 func New(log *slog.Logger) *Engine { return &Engine{Log: log} }
+
+func (e *Engine) version() string {
+	if e.Version != "" {
+		return e.Version
+	}
+	return Version
+}
 
 // SetFaults sets what the next machines do.
 func (e *Engine) SetFaults(f Faults) {
@@ -92,7 +102,7 @@ func (e *Engine) Probes() int { return int(e.probes.Load()) }
 // Probe implements engine.Engine.
 func (e *Engine) Probe(ctx context.Context) (engine.Info, error) {
 	e.probes.Add(1)
-	return engine.Info{Backend: "fake", Version: Version, Machine: "fake-1"}, nil
+	return engine.Info{Backend: "fake", Version: e.version(), Machine: "fake-1"}, nil
 }
 
 // Start implements engine.Engine.
@@ -112,7 +122,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (engine.Machine, e
 		log: e.Log, faults: f, spec: spec,
 		hostCh: hostCh, guestCh: guestCh, hostCon: hostCon, guestCon: guestCon,
 		done: make(chan struct{}), files: map[string][]byte{}, running: make(chan struct{}),
-		info: engine.Info{Backend: "fake", Version: Version, Machine: "fake-1", Accel: spec.Accel},
+		info: engine.Info{Backend: "fake", Version: e.version(), Machine: "fake-1", Accel: spec.Accel},
 	}
 	m.freeze.Store(f.Frozen)
 	go io.Copy(io.Discard, guestCon) // console input goes nowhere
