@@ -61,4 +61,14 @@ CGO_ENABLED=0 "$GO" build -trimpath -ldflags='-s -w' -o bin/nether-agent ./cmd/n
 say "built static bin/nether-agent"
 
 [ -x bin/nether-guest ] || die "bin/nether-guest was not built"
-bin/nether-guest build --agent bin/nether-agent --cache cache/kernel --out build/guest
+# The kernel cache lives outside the work tree, so a fresh clone (and every
+# CI run on this machine) reuses it; a cache/kernel left by an older setup
+# is moved there once.
+cache="${NETHER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nether}/kernel"
+if [ -d cache/kernel ] && [ ! -e "$cache" ]; then
+	mkdir -p "$(dirname "$cache")"
+	mv cache/kernel "$cache"
+	rmdir cache 2>/dev/null || true
+	say "moved the kernel cache to $cache"
+fi
+bin/nether-guest build --agent bin/nether-agent --cache "$cache" --out build/guest

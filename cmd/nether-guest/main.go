@@ -2,7 +2,7 @@
 // generic kernel into a cache and writes vmlinux, vmlinuz, initramfs.cpio and
 // manifest.json.
 //
-//	nether-guest build --agent bin/nether-agent --cache cache/kernel --out build/guest [--busybox /bin/busybox]
+//	nether-guest build --agent bin/nether-agent [--cache ~/.cache/nether/kernel] --out build/guest [--busybox /bin/busybox]
 package main
 
 import (
@@ -41,7 +41,7 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("build", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	agent := fs.String("agent", "", "static agent binary, becomes /init (required)")
-	cache := fs.String("cache", "cache/kernel", "kernel package cache directory")
+	cache := fs.String("cache", guestimage.DefaultCacheDir(), "kernel package cache directory (outside the work tree, shared by every clone)")
 	out := fs.String("out", "build/guest", "output directory")
 	busybox := fs.String("busybox", guestimage.DefaultBusybox, "statically linked busybox")
 	modules := fs.String("modules", strings.Join(guestimage.DefaultModules, ","), "comma-separated root kernel modules")

@@ -35,6 +35,24 @@ type Kernel struct {
 	PVH bool
 }
 
+// DefaultCacheDir is where downloaded kernel packages are kept: outside
+// any work tree, so every clone and every CI run on a machine reuses them
+// ($NETHER_CACHE/kernel, else $XDG_CACHE_HOME/nether/kernel, else
+// ~/.cache/nether/kernel). Entries are keyed by the package's name and
+// version, and apt checks each .deb against its archive's digests.
+func DefaultCacheDir() string {
+	if d := os.Getenv("NETHER_CACHE"); d != "" {
+		return filepath.Join(d, "kernel")
+	}
+	if d := os.Getenv("XDG_CACHE_HOME"); d != "" {
+		return filepath.Join(d, "nether", "kernel")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".cache", "nether", "kernel")
+	}
+	return filepath.Join(os.TempDir(), "nether-cache", "kernel")
+}
+
 // FetchKernel makes sure the kernel package that linux-image-amd64 currently
 // depends on is downloaded and extracted under cacheDir, and returns it. It
 // never installs anything: the package is only unpacked with dpkg-deb.

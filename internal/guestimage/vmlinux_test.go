@@ -92,9 +92,9 @@ func TestPVHEntry(t *testing.T) {
 // cache must be there (setup.sh runs first); elsewhere its absence skips
 // (missingPrereq).
 func TestRealVmlinux(t *testing.T) {
-	found, _ := filepath.Glob("../../cache/kernel/linux-image-*/vmlinux")
+	found, _ := filepath.Glob(filepath.Join(DefaultCacheDir(), "linux-image-*", "vmlinux"))
 	if len(found) == 0 {
-		missingPrereq(t, "the kernel cache is missing (no cache/kernel/linux-image-*/vmlinux)")
+		missingPrereq(t, "the kernel cache is missing (no "+DefaultCacheDir()+"/linux-image-*/vmlinux)")
 	}
 	for _, p := range found {
 		t.Run(filepath.Base(filepath.Dir(p)), func(t *testing.T) {
