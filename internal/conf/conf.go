@@ -60,10 +60,14 @@ type Config struct {
 	// ConsoleLogMaxBytes bounds console.log: past it, the older half is
 	// dropped. 0 = unlimited.
 	ConsoleLogMaxBytes int64
-	X402               bool         // settlement framing of the teardown record; default off
-	Accel              engine.Accel // default auto; the engine's own type, resolved there
-	Kernel             string       // "" = default image built by setup; else absolute path of a regular file
-	Image              string       // "" = default initramfs built by setup; else absolute path of a regular file
+	// Budgets, in seconds; 0 = off. Reaching one ends the session.
+	MaxRuntimeS  int64        // wall clock since the session began
+	MaxCPUS      int64        // host CPU time of the guest
+	IdleTimeoutS int64        // no client connected and no command running
+	X402         bool         // settlement framing of the teardown record; default off
+	Accel        engine.Accel // default auto; the engine's own type, resolved there
+	Kernel       string       // "" = default image built by setup; else absolute path of a regular file
+	Image        string       // "" = default initramfs built by setup; else absolute path of a regular file
 
 	// Snapshot / fork keys.
 	Restore            bool   // boot by restoring RestoreFrom instead of a fresh boot
@@ -381,6 +385,15 @@ var fields = []field{
 			return msg
 		},
 		func(c *Config) string { return strconv.FormatInt(c.ConsoleLogMaxBytes, 10) }},
+	{"max_runtime_s",
+		func(c *Config, v string) string { return setUint(&c.MaxRuntimeS, v) },
+		func(c *Config) string { return strconv.FormatInt(c.MaxRuntimeS, 10) }},
+	{"max_cpu_s",
+		func(c *Config, v string) string { return setUint(&c.MaxCPUS, v) },
+		func(c *Config) string { return strconv.FormatInt(c.MaxCPUS, 10) }},
+	{"idle_timeout_s",
+		func(c *Config, v string) string { return setUint(&c.IdleTimeoutS, v) },
+		func(c *Config) string { return strconv.FormatInt(c.IdleTimeoutS, 10) }},
 	{"x402",
 		func(c *Config, v string) string { return setBool(&c.X402, v) },
 		func(c *Config) string { return onOff(c.X402) }},
@@ -465,7 +478,6 @@ func fieldByName(name string) *field {
 // unsupported lists keys the spec defines but this build does not implement.
 var unsupported = map[string]struct{}{
 	"net": {}, "net_open": {}, "net_allow": {}, "net_block": {}, "net_rate_kbps": {},
-	"max_runtime_s": {}, "max_cpu_s": {}, "idle_timeout_s": {},
 	"disk": {}, "disk_size_mb": {},
 	"app_port": {}, "data_socket": {}, "max_data_conns": {}, "data_idle_ms": {}, "data_rate_kbps": {},
 	"egress_port": {}, "egress_socket": {},

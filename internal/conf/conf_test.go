@@ -103,6 +103,9 @@ func TestParseKeys(t *testing.T) {
 		{"max_output_bytes", "max_output_bytes = 4096", func(t *testing.T, c *Config) { eq(t, c.MaxOutputBytes, int64(4096)) }},
 		{"max_output_bytes unlimited", "max_output_bytes = 0", func(t *testing.T, c *Config) { eq(t, c.MaxOutputBytes, int64(0)) }},
 		{"max_transfer_bytes", "max_transfer_bytes = 1024", func(t *testing.T, c *Config) { eq(t, c.MaxTransferBytes, int64(1024)) }},
+		{"max_runtime_s", "max_runtime_s = 30", func(t *testing.T, c *Config) { eq(t, c.MaxRuntimeS, int64(30)) }},
+		{"max_cpu_s", "max_cpu_s = 5", func(t *testing.T, c *Config) { eq(t, c.MaxCPUS, int64(5)) }},
+		{"idle_timeout_s", "idle_timeout_s = 600", func(t *testing.T, c *Config) { eq(t, c.IdleTimeoutS, int64(600)) }},
 		{"max_transfer_bytes unlimited", "max_transfer_bytes = 0", func(t *testing.T, c *Config) { eq(t, c.MaxTransferBytes, int64(0)) }},
 		{"console_log_max_bytes", "console_log_max_bytes = 65536", func(t *testing.T, c *Config) { eq(t, c.ConsoleLogMaxBytes, int64(65536)) }},
 		{"console_log_max_bytes unlimited", "console_log_max_bytes = 0", func(t *testing.T, c *Config) { eq(t, c.ConsoleLogMaxBytes, int64(0)) }},
@@ -277,6 +280,8 @@ func TestParseErrors(t *testing.T) {
 		{"ram_mb abc", "\n\nram_mb = abc", 3, "ram_mb", `nether.conf:3: ram_mb: "abc" is not a whole number`},
 		{"max_output_bytes negative", "max_output_bytes = -1", 1, "max_output_bytes", "not a whole number"},
 		{"max_transfer_bytes words", "max_transfer_bytes = 1G", 1, "max_transfer_bytes", "not a whole number"},
+		{"max_runtime_s with a unit", "max_runtime_s = 30s", 1, "max_runtime_s", "not a whole number"},
+		{"idle_timeout_s negative", "idle_timeout_s = -1", 1, "idle_timeout_s", "not a whole number"},
 		{"console_log_max_bytes too small", "console_log_max_bytes = 100", 1, "console_log_max_bytes", "below the minimum of 65536"},
 		{"max_output_bytes overflow", "max_output_bytes = 9223372036854775808", 1, "max_output_bytes", "too large"},
 		{"max_output_bytes suffix", "max_output_bytes = 1M", 1, "max_output_bytes", "not a whole number"},
@@ -352,8 +357,7 @@ func TestParseErrors(t *testing.T) {
 	// Every not-yet-implemented spec key must be refused with the same
 	// distinct message, whatever its value looks like.
 	for _, k := range []string{
-		"net", "net_open", "net_allow", "net_block", "net_rate_kbps", "max_runtime_s", "max_cpu_s",
-		"idle_timeout_s", "disk", "disk_size_mb", "app_port", "data_socket", "max_data_conns",
+		"net", "net_open", "net_allow", "net_block", "net_rate_kbps", "disk", "disk_size_mb", "app_port", "data_socket", "max_data_conns",
 		"data_idle_ms", "data_rate_kbps", "egress_port", "egress_socket", "run_as", "gpu", "snapshot_save",
 	} {
 		tests = append(tests, struct {
@@ -579,6 +583,9 @@ func TestReport(t *testing.T) {
 		"max_output_bytes=1048576",
 		"max_transfer_bytes=1073741824",
 		"console_log_max_bytes=4194304",
+		"max_runtime_s=0",
+		"max_cpu_s=0",
+		"idle_timeout_s=0",
 		"x402=on",
 		"accel=auto",
 		"kernel=",

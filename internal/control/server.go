@@ -14,6 +14,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -118,6 +119,11 @@ type Server struct {
 	closed   bool
 	uid      int
 	accepted chan struct{}
+
+	// Activity, for the idle budget: handlers running, and when the
+	// server last had a client or a command (unix nanoseconds).
+	busy       atomic.Int64
+	lastActive atomic.Int64
 }
 
 // New makes a server; Listen binds it.
@@ -129,7 +135,7 @@ func New(log *slog.Logger, b Backend, m *meter.Meter, maxOutput int64) *Server {
 		panic(err)
 	}
 	stopCtx, stopCancel := context.WithCancelCause(context.Background())
-	return &Server{
+	srv := &Server{
 		log: log, backend: b, meter: m, maxOut: maxOutput,
 		AgentWait: DefaultAgentWait, WedgedAfter: DefaultWedgedAfter,
 		BoundaryWait: DefaultBoundaryWait, MaxClients: DefaultMaxClients,
@@ -138,6 +144,25 @@ func New(log *slog.Logger, b Backend, m *meter.Meter, maxOutput int64) *Server {
 		stopCtx: stopCtx, stopCancel: stopCancel, stopped: make(chan struct{}),
 		clients: map[*client]struct{}{}, uid: os.Getuid(),
 	}
+	srv.touch()
+	return srv
+}
+
+// touch records activity now.
+func (s *Server) touch() { s.lastActive.Store(time.Now().UnixNano()) }
+
+// IdleFor reports how long the server has had no client connected and no
+// command or transfer running (0 while it has either): what the idle
+// budget measures. A command keeps running after its client leaves, so it
+// holds the sandbox awake until it ends.
+func (s *Server) IdleFor(now time.Time) time.Duration {
+	s.mu.Lock()
+	n := len(s.clients)
+	s.mu.Unlock()
+	if n > 0 || s.busy.Load() > 0 {
+		return 0
+	}
+	return max(0, now.Sub(time.Unix(0, s.lastActive.Load())))
 }
 
 // stopError is the cause of stopCtx: the ERR line of a stopping server.
@@ -423,6 +448,7 @@ func (s *Server) admit(conn *net.UnixConn) {
 	}
 	c := newClient(s, conn)
 	s.clients[c] = struct{}{}
+	s.touch()
 	if s.primary != nil && peerHungUp(s.primary.conn) {
 		// The seat rule: the primary holds the slot until its peer hangs
 		// up, not until we have read what it sent. A client that connects
@@ -447,6 +473,7 @@ func (s *Server) admit(conn *net.UnixConn) {
 func (s *Server) release(c *client) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.touch()
 	delete(s.clients, c)
 	if s.primary == c {
 		s.primary = nil
@@ -624,7 +651,13 @@ func (c *client) run(j job) {
 		return
 	}
 	t := newTask(c)
+	c.s.busy.Add(1)
+	c.s.touch()
 	go func() {
+		defer func() {
+			c.s.touch()
+			c.s.busy.Add(-1)
+		}()
 		defer t.finish()
 		j.h.drive(t, j.cmd)
 	}()

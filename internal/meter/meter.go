@@ -129,6 +129,11 @@ const (
 	// the kernel panic, and panic=-1 turns that into a reset).
 	ReasonGuestPanic = "guest_panic"
 	ReasonGuestCrash = "guest_crash"
+	// A budget of nether.conf ran out: max_runtime_s, max_cpu_s,
+	// idle_timeout_s.
+	ReasonMaxRuntime = "max_runtime"
+	ReasonMaxCPU     = "max_cpu"
+	ReasonIdle       = "idle"
 )
 
 // FinalLine is the one record every stop prints. x402 changes only its

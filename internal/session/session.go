@@ -203,6 +203,8 @@ func (s *Session) run() (reason string, err error) {
 		s.log.Info("control socket ready", "path", s.cfg.ControlSocket)
 	}
 
+	go s.govern()
+
 	// Assembly runs beside the wait for signals and stop requests, so a
 	// SIGTERM during a boot or a restore ends the process as promptly as
 	// one later on: it cancels the root context, and every wait inside

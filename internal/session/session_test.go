@@ -670,3 +670,61 @@ func TestRestoreRefusesAnotherEngineOrShape(t *testing.T) {
 		})
 	}
 }
+
+// TestBudgets: each budget ends the session through the normal teardown,
+// with its reason in the final record and in the reply of a command in
+// flight, within a second of its limit.
+func TestBudgets(t *testing.T) {
+	cases := []struct {
+		name       string
+		conf       string
+		drive      func(t *testing.T, sb *sandbox)
+		within     time.Duration
+		wantReason string
+	}{
+		{"max_runtime mid-command", "max_runtime_s = 1\n", func(t *testing.T, sb *sandbox) {
+			c := sb.dial()
+			start := time.Now()
+			_, exit, err := run(t, c, "hang")
+			if exit != -1 || err == nil || !strings.Contains(err.Error(), "sandbox stopping: max_runtime") {
+				t.Errorf("the command in flight got exit %d, %v", exit, err)
+			}
+			if took := time.Since(start); took > 2*time.Second {
+				t.Errorf("the budget ended the command after %s", took)
+			}
+		}, 3 * time.Second, "max_runtime"},
+		{"max_cpu", "max_cpu_s = 1\n", func(t *testing.T, sb *sandbox) {
+			c := sb.dial()
+			mustRun(t, c, "burn 400")
+			if info := infoOf(t, c); info["max_cpu_s"] != "1" {
+				t.Errorf("__info__ max_cpu_s=%q", info["max_cpu_s"])
+			}
+			run(t, c, "burn 700") // crosses 1 s of CPU
+		}, 3 * time.Second, "max_cpu"},
+		{"idle with nobody there", "idle_timeout_s = 1\n", func(t *testing.T, sb *sandbox) {}, 3 * time.Second, "idle"},
+		{"idle held off by a client, then a running command", "idle_timeout_s = 1\n", func(t *testing.T, sb *sandbox) {
+			c := sb.dial()
+			time.Sleep(1500 * time.Millisecond) // connected: not idle
+			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+			c.Run(ctx, "sleep 2000", io.Discard) // leaves it running
+			cancel()
+			c.Close()
+			time.Sleep(1500 * time.Millisecond) // the command still runs: not idle
+			select {
+			case <-sb.exit:
+				t.Fatal("the session went idle with a client connected or a command running")
+			default:
+			}
+			// The command ends about 0.5 s from now; the idle clock
+			// starts then, so the session ends about 1.5 s from now.
+		}, 3 * time.Second, "idle"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := fake.New(slog.Default())
+			sb := start(t, eng, "", tc.conf)
+			tc.drive(t, sb)
+			sb.expectEnd(tc.within, 0, tc.wantReason)
+		})
+	}
+}

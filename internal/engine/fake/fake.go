@@ -8,7 +8,9 @@
 // The fake agent understands a tiny shell: "echo WORDS" prints WORDS,
 // "exit N" exits N, "die" crashes the engine, "panic" and "reboot" end
 // the guest as a kernel panic and a reset do, "poweroff" powers it off,
-// "hang" never ends, "reset" makes the agent abort the stream; anything else is echoed back and
+// "hang" never ends, "reset" makes the agent abort the stream, "burn MS"
+// adds MS milliseconds to the engine's CPU usage, "sleep MS" ends after MS
+// milliseconds; anything else is echoed back and
 // exits 0. Files put into the guest live in the agent's memory and cross
 // captures.
 package fake
@@ -27,6 +29,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/channel"
@@ -155,6 +158,7 @@ type Machine struct {
 
 	running chan struct{} // closed when the guest first runs (boot or resume)
 	freeze  atomic.Bool
+	cpu     atomic.Int64 // nanoseconds of host CPU the guest "used"
 	mu      sync.Mutex
 	files   map[string][]byte
 	epoch   uint64
@@ -180,7 +184,10 @@ func (m *Machine) Done() <-chan struct{}       { return m.done }
 func (m *Machine) Info() engine.Info           { return m.info }
 func (m *Machine) PID() int                    { return os.Getpid() }
 
-func (m *Machine) Usage() engine.Usage { return engine.Usage{Observed: true} }
+// Usage implements engine.Machine: the CPU time "burn" commands used.
+func (m *Machine) Usage() engine.Usage {
+	return engine.Usage{CPU: time.Duration(m.cpu.Load()), Observed: true}
+}
 
 // Err implements engine.Machine.
 func (m *Machine) Err() error {
@@ -465,6 +472,18 @@ func (m *Machine) exec(st *channel.Stream, command string) {
 		m.end(engine.ErrGuestReset)
 	case "poweroff":
 		m.end(nil)
+	case "sleep":
+		ms, _ := strconv.Atoi(arg)
+		select {
+		case <-time.After(time.Duration(ms) * time.Millisecond):
+			st.CloseWrite([]byte("0"))
+		case <-m.done:
+		}
+	case "burn":
+		// Spend CPU time: the engine's usage grows by arg milliseconds.
+		ms, _ := strconv.Atoi(arg)
+		m.cpu.Add(int64(ms) * int64(time.Millisecond))
+		st.CloseWrite([]byte("0"))
 	case "hang":
 		<-m.done
 	case "reset":
