@@ -298,7 +298,7 @@ func holeExactDir(t *testing.T) (string, string) {
 	t.Helper()
 	var st unix.Statfs_t
 	if err := unix.Statfs("/dev/shm", &st); err == nil && st.Type == unix.TMPFS_MAGIC {
-		dir, err := os.MkdirTemp("/dev/shm", "nether-snapshot-test-")
+		dir, err := os.MkdirTemp("/dev/shm", "snapshot-test-")
 		if err == nil {
 			t.Cleanup(func() { os.RemoveAll(dir) })
 			return dir, "tmpfs"

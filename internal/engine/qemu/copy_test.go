@@ -51,7 +51,7 @@ func TestCopySparse(t *testing.T) {
 // BenchmarkCopySparse: a 512 MiB tmpfs file with 150 MiB of data, copied
 // to the test's temporary directory, as __snapshot__ does while paused.
 func BenchmarkCopySparse(b *testing.B) {
-	shm, err := os.MkdirTemp("/dev/shm", "nether-copy-bench-")
+	shm, err := os.MkdirTemp("/dev/shm", "copy-bench-")
 	if err != nil {
 		b.Skip("no /dev/shm")
 	}
