@@ -40,6 +40,11 @@ nether.conf keys (key = value, # comments):
   cpus              vCPUs (default 1)
   ram_mb            guest RAM in MiB (default 512)
   max_output_bytes  per-command output cap, 0 = unlimited (default 1048576)
+  max_transfer_bytes  largest __put__/__get__, 0 = unlimited (default 1 GiB)
+  console_log_max_bytes  bound of console.log, 0 = unlimited (default 4 MiB)
+  max_runtime_s, max_cpu_s, idle_timeout_s
+                    budgets in seconds (0 = off): wall clock, guest CPU
+                    time, no client and no command for that long
   x402              on|off: settlement framing of the final record (default off)
   accel             auto|kvm|tcg (default auto: KVM only on a CPU with vmx/svm)
   kernel, image     guest kernel and initramfs (default: what setup built)
@@ -60,7 +65,8 @@ validate_snapshot = <path> checks an artifact without booting and exits:
 0 with a one-line summary (kind=base or kind=park), 1 with the problem.
 
 Exit status: 0 after a clean stop (shutdown, guest power-off, SIGTERM,
-park), 1 when the engine or a restore failed, 2 for a bad configuration.
+park, a budget), 1 when the engine or a restore failed or the guest
+crashed (reason=guest_panic, guest_crash), 2 for a bad configuration.
 
 Environment: NETHER_GUEST_DIR overrides where the default guest image is
 looked up (default: ../build/guest next to the nether binary).
