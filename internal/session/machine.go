@@ -105,6 +105,11 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 			m.Quit(ctx)
 		}
 	}()
+	consoleDone, err := s.pumpConsole(consoleMode, m)
+	if err != nil {
+		return err
+	}
+	s.consoleDone = consoleDone
 	s.meter.SetUsage(m.Usage)
 	info := m.Info()
 	s.setView(func(v *view) { v.engine = info })

@@ -102,7 +102,10 @@ type Session struct {
 	agent   *agentclient.Client
 	comps   components
 	console *consolelog.Writer // set once the console pump runs
-	ready   chan struct{}
+	// consoleDone closes when the console pump has read the console to
+	// its end; set by assemble with the machine.
+	consoleDone <-chan struct{}
+	ready       chan struct{}
 
 	mu   sync.Mutex // guards view
 	view view       // what __info__ reports; changes as the session assembles
@@ -223,11 +226,7 @@ func (s *Session) run() (reason string, err error) {
 				s.stopControl("start failed: " + err.Error())
 				return meter.ReasonError, err
 			}
-			engineDone = s.machine.Done()
-			if consoleDone, err = s.pumpConsole(consoleMode); err != nil {
-				s.stopControl("start failed: " + err.Error())
-				return meter.ReasonError, err
-			}
+			engineDone, consoleDone = s.machine.Done(), s.consoleDone
 		case sig := <-sigs:
 			return s.stopDuringAssembly(signalReason(sig), assembled)
 		case r := <-s.stopCh:
@@ -375,10 +374,12 @@ func (s *Session) quitMachine() {
 	}
 }
 
-// pumpConsole copies the serial console into console.log in the launch
-// directory (bounded, and never pushing back on the guest), and in console
-// mode to stdout too (with stdin going back in).
-func (s *Session) pumpConsole(consoleMode bool) (<-chan struct{}, error) {
+// pumpConsole copies the serial console of m into console.log in the
+// launch directory (bounded, and never pushing back on the guest), and in
+// console mode to stdout too (with stdin going back in). It starts as soon
+// as the engine does, so a guest writing to its console during a long boot
+// or restore never waits for nether.
+func (s *Session) pumpConsole(consoleMode bool, m engine.Machine) (<-chan struct{}, error) {
 	logPath := filepath.Join(s.cfg.Dir, ConsoleLog)
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_RDWR|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
@@ -387,7 +388,7 @@ func (s *Session) pumpConsole(consoleMode bool) (<-chan struct{}, error) {
 	cl := consolelog.New(s.log, f, 0, s.cfg.ConsoleLogMaxBytes)
 	s.console = cl
 	var w io.Writer = cl
-	console := s.machine.Console()
+	console := m.Console()
 	if consoleMode {
 		w = io.MultiWriter(cl, neverFail{s.opt.Stdout})
 		if s.opt.Stdin != nil {
