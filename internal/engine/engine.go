@@ -35,11 +35,8 @@ type Spec struct {
 	Initrd  string // absolute path
 	Cmdline string // kernel command line (a restore uses the captured one)
 	// RunDir is a private (0700) directory the engine may use for its
-	// sockets; the session removes it when it ends.
+	// sockets while it starts; the session removes it once Start returns.
 	RunDir string
-	// MemDir is where the engine may keep guest memory (a tmpfs keeps it
-	// out of disk writeback); defaults to RunDir.
-	MemDir string
 	// Incoming, when set, starts the machine paused, waiting to load a
 	// captured state instead of booting.
 	Incoming *Incoming

@@ -39,6 +39,17 @@ type Component interface {
 // components is the session's registry, in registration order.
 type components []Component
 
+// newComponents is every component a session holds, in the order their
+// sections are saved and restored: adding a plane is adding it here, and
+// restore, capture and validate_snapshot all see it. The channel comes
+// back on its own too, because the session drives it directly. newMux
+// rebuilds the channel from its section; with nil the components only
+// check their sections (validate_snapshot).
+func newComponents(newMux func(*channel.State) (*channel.Mux, error)) (components, *channelComponent) {
+	cc := &channelComponent{newMux: newMux}
+	return components{cc}, cc
+}
+
 // save collects every component's section.
 func (cs components) save(into map[string]snapshot.Section) error {
 	for _, c := range cs {

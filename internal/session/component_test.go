@@ -84,3 +84,26 @@ func TestComponentsSaveRestoreQuiescent(t *testing.T) {
 		t.Fatalf("quiescent: %v", err)
 	}
 }
+
+// ringHolder is a component that holds bytes for the guest on the host
+// side, as a plane bridge's ring does.
+type ringHolder struct {
+	recorder
+	undrained error
+}
+
+func (r *ringHolder) Drained() error { return r.undrained }
+
+// TestComponentsDrained: the drain gate asks only the components that can
+// hold bytes, and names the one that does.
+func TestComponentsDrained(t *testing.T) {
+	ring := &ringHolder{recorder: recorder{name: "bridge", version: 1}}
+	comps := components{&recorder{name: "channel", version: 1}, ring}
+	if err := comps.drained(); err != nil {
+		t.Fatalf("drained with nothing held: %v", err)
+	}
+	ring.undrained = errors.New("4096 bytes for the guest")
+	if err := comps.drained(); err == nil || !strings.Contains(err.Error(), "bridge: 4096 bytes") {
+		t.Fatalf("drained: %v", err)
+	}
+}

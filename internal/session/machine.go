@@ -83,12 +83,13 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	spec := engine.Spec{
 		CPUs: s.cfg.CPUs, RAMMB: s.cfg.RAMMB, Accel: accel,
 		Kernel: s.kernel, Initrd: s.image, Cmdline: KernelCmdline(consoleMode, hostname),
-		RunDir: runDir, MemDir: s.opt.MemDir,
+		RunDir: runDir,
 	}
 
+	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) })
 	var r *restoring
 	if s.cfg.Restore {
-		if r, err = s.openArtifact(ctx, &spec); err != nil {
+		if r, err = s.openArtifact(ctx, &spec, comps); err != nil {
 			return err
 		}
 		defer r.close()
@@ -116,11 +117,9 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	s.log.Info("guest starting", "engine", info.Backend, "version", info.Version, "machine", info.Machine,
 		"pid", m.PID(), "restore", r != nil)
 
-	cc := &channelComponent{newMux: func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }}
-	comps := components{cc}
 	if r == nil {
 		cc.mux = channel.New(channel.Host, s.log)
-		s.install(m, cc.mux, comps, 0)
+		s.install(m, cc.mux, comps)
 		return nil
 	}
 	return s.finishRestore(ctx, r, m, cc, comps)
@@ -141,11 +140,12 @@ func bootIdentity(cfg *conf.Config) snapshot.Identity {
 }
 
 // install makes an assembled machine the session's and starts serving
-// the streams the guest opens.
-func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components, epoch uint64) *agentclient.Client {
+// the streams the guest opens. The agent client starts at epoch 0, a
+// booted guest's; a restore's handshake moves it to a fresh one.
+func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components) {
 	mux.Attach(m.Channel(), false)
 	s.machine, s.mux, s.comps = m, mux, comps
-	s.agent = agentclient.New(s.log, mux, epoch)
+	s.agent = agentclient.New(s.log, mux, 0)
 	go s.agent.Serve(s.ctx)
 	go func() {
 		// The engine's end closes every stream that waits on the guest.
@@ -156,7 +156,6 @@ func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components, 
 		}
 	}()
 	close(s.ready)
-	return s.agent
 }
 
 // restoring is an artifact being restored.
@@ -182,7 +181,7 @@ func (r *restoring) close() {
 
 // openArtifact opens, claims (a park) and checks an artifact, starts its
 // verification, and turns spec into a restore of it.
-func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec) (*restoring, error) {
+func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec, comps components) (*restoring, error) {
 	art := s.art
 	r := &restoring{art: art, fork: art.Meta.Kind == snapshot.KindBase}
 	r.next = s.getView().identity
@@ -197,7 +196,7 @@ func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec) (*restori
 		r.close()
 		return nil, fmt.Errorf("snapshot %s: %w", art.Dir, err)
 	}
-	if err := (components{&channelComponent{}}).check(art.Meta.Sections); err != nil {
+	if err := comps.check(art.Meta.Sections); err != nil {
 		return fail(err)
 	}
 	// What does not need the engine is checked before it starts (the
@@ -253,7 +252,7 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 	if fork {
 		machineID = randomHex(16)
 	}
-	ac := s.install(m, cc.restored, comps, 0)
+	s.install(m, cc.restored, comps)
 	s.adoptOrphans(fork)
 	if err := m.Resume(ctx); err != nil {
 		return fmt.Errorf("resuming the restored guest: %w", err)
@@ -277,7 +276,7 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 	if fork || next.Hostname != captured.Hostname {
 		req.Hostname = next.Hostname
 	}
-	if err := ac.Handshake(hctx, req); err != nil {
+	if err := s.agent.Handshake(hctx, req); err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("the restored guest's agent did not answer the handshake within %s", s.opt.HandshakeTimeout)
 		}
@@ -356,12 +355,12 @@ func (s *Session) adoptOrphans(fork bool) {
 // fingerprintWith is everything a restore of this configuration must
 // match, with the engine described by info.
 func (s *Session) fingerprintWith(info engine.Info, accel engine.Accel) (snapshot.Fingerprint, error) {
-	return Fingerprint(info, accel, s.cfg.CPUs, s.cfg.RAMMB, s.kernel, s.image, s.digests)
+	return fingerprint(info, accel, s.cfg.CPUs, s.cfg.RAMMB, s.kernel, s.image, s.digests)
 }
 
-// Fingerprint is what an artifact taken with this engine, accelerator,
+// fingerprint is what an artifact taken with this engine, accelerator,
 // shape and guest files records.
-func Fingerprint(info engine.Info, accel engine.Accel, cpus, ramMB int, kernel, image string, d *digests) (snapshot.Fingerprint, error) {
+func fingerprint(info engine.Info, accel engine.Accel, cpus, ramMB int, kernel, image string, d *digests) (snapshot.Fingerprint, error) {
 	k, err := d.of(kernel)
 	if err != nil {
 		return snapshot.Fingerprint{}, err
@@ -387,10 +386,11 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 	if err != nil {
 		return "", err
 	}
-	if err := (components{&channelComponent{}}).check(art.Meta.Sections); err != nil {
+	comps, _ := newComponents(nil)
+	if err := comps.check(art.Meta.Sections); err != nil {
 		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
 	}
-	if err := (components{&channelComponent{}}).restore(art.Meta.Sections); err != nil {
+	if err := comps.restore(art.Meta.Sections); err != nil {
 		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
 	}
 	info, err := eng.Probe(ctx)
@@ -398,7 +398,7 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 		return "", err
 	}
 	kernel, image := GuestFiles(cfg, guestDir)
-	fp, err := Fingerprint(info, accel, cfg.CPUs, cfg.RAMMB, kernel, image, newDigests(guestDir))
+	fp, err := fingerprint(info, accel, cfg.CPUs, cfg.RAMMB, kernel, image, newDigests(guestDir))
 	if err != nil {
 		return "", err
 	}

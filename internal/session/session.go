@@ -69,9 +69,6 @@ type Options struct {
 	Signals <-chan os.Signal
 	// TempDir is where run directories go; "" is os.TempDir().
 	TempDir string
-	// MemDir is where an engine may keep guest memory; "" lets the
-	// engine choose.
-	MemDir string
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 	// HandshakeTimeout and PowerOffWait override the defaults
