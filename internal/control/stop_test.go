@@ -74,6 +74,24 @@ func deafBackend(t *testing.T, fb *fakeBackend) {
 	fb.mu.Unlock()
 }
 
+// blockedCall starts a server whose backend blocks its calls until their
+// context ends (deaf: even past it), sends line from a new client and
+// returns once the backend's method has been called.
+func blockedCall(t *testing.T, line, method string, deaf bool, tune func(*Server)) (*fakeBackend, *harness, *conn) {
+	t.Helper()
+	fb := newFake()
+	fb.up()
+	fb.block = true
+	if deaf {
+		deafBackend(t, fb)
+	}
+	h := start(t, fb, 0, tune)
+	c := h.dial(t)
+	c.send(line)
+	waitFor(t, method+" to start", 5*time.Second, func() bool { return len(fb.contexts(method)) == 1 })
+	return fb, h, c
+}
+
 // stopCause checks that ctx was cancelled by Stop, with its ERR line as
 // the cause.
 func stopCause(t *testing.T, what string, ctx context.Context, want string) {
@@ -133,17 +151,8 @@ func TestStopAnswersInFlight(t *testing.T) {
 
 		for _, line := range []string{"__put__ a b", "__get__ a b"} {
 			t.Run(line+" blocked: "+name, func(t *testing.T) {
-				fb := newFake()
-				fb.up()
-				fb.block = true
-				if deaf {
-					deafBackend(t, fb)
-				}
-				h := start(t, fb, 0, nil)
-				c := h.dial(t)
-				c.send(line)
 				method := map[string]string{"__put__ a b": "Put", "__get__ a b": "Get"}[line]
-				waitFor(t, method+" to start", 5*time.Second, func() bool { return len(fb.contexts(method)) == 1 })
+				fb, h, c := blockedCall(t, line, method, deaf, nil)
 				took := h.stopAsync("sigterm")
 				if got := c.nextReply(5 * time.Second); got != stopSigterm {
 					t.Fatalf("the blocked transfer: %q, want %q", got, stopSigterm)
@@ -230,13 +239,7 @@ func TestStopAnswersInFlight(t *testing.T) {
 	})
 
 	t.Run("a capture is answered but left to the session", func(t *testing.T) {
-		fb := newFake()
-		fb.up()
-		fb.block = true
-		h := start(t, fb, 0, nil)
-		c := h.dial(t)
-		c.send("__snapshot__ s")
-		waitFor(t, "Snapshot to start", 5*time.Second, func() bool { return len(fb.contexts("Snapshot")) == 1 })
+		fb, h, c := blockedCall(t, "__snapshot__ s", "Snapshot", false, nil)
 		took := h.stopAsync("sigterm")
 		if got := c.nextReply(5 * time.Second); got != stopSigterm {
 			t.Fatalf("the capture: %q, want %q", got, stopSigterm)
@@ -271,13 +274,7 @@ func TestStopAnswersInFlight(t *testing.T) {
 	})
 
 	t.Run("the reason is one bounded line", func(t *testing.T) {
-		fb := newFake()
-		fb.up()
-		fb.block = true
-		h := start(t, fb, 0, nil)
-		c := h.dial(t)
-		c.send("__put__ a b")
-		waitFor(t, "Put to start", 5*time.Second, func() bool { return fb.putCalls.Load() == 1 })
+		_, h, c := blockedCall(t, "__put__ a b", "Put", false, nil)
 		h.s.Stop("restore failed:\x1e-1\nforged\x00 " + strings.Repeat("x", 1000))
 		got := c.nextReply(5 * time.Second)
 		want := "ERR sandbox stopping: restore failed: -1 forged  " + strings.Repeat("x", stopReasonMax-len("restore failed: -1 forged  ")) + "...\n\x1e-1\n"
@@ -288,13 +285,7 @@ func TestStopAnswersInFlight(t *testing.T) {
 	})
 
 	t.Run("Close stops with a generic reason", func(t *testing.T) {
-		fb := newFake()
-		fb.up()
-		fb.block = true
-		h := start(t, fb, 0, nil)
-		c := h.dial(t)
-		c.send("__get__ a b")
-		waitFor(t, "Get to start", 5*time.Second, func() bool { return fb.getCalls.Load() == 1 })
+		_, h, c := blockedCall(t, "__get__ a b", "Get", false, nil)
 		h.s.Close()
 		if got, want := c.nextReply(5*time.Second), "ERR sandbox stopping: nether is stopping\n\x1e-1\n"; got != want {
 			t.Fatalf("reply %q, want %q", got, want)
@@ -357,15 +348,8 @@ func TestStopLifecycle(t *testing.T) {
 	})
 
 	t.Run("a second Stop waits for the first; Close after Stop is harmless", func(t *testing.T) {
-		fb := newFake()
-		fb.up()
-		fb.block = true
-		deafBackend(t, fb)
 		const stopWait = 300 * time.Millisecond
-		h := start(t, fb, 0, func(s *Server) { s.StopWait = stopWait })
-		c := h.dial(t)
-		c.send("__put__ a b")
-		waitFor(t, "Put to start", 5*time.Second, func() bool { return fb.putCalls.Load() == 1 })
+		_, h, c := blockedCall(t, "__put__ a b", "Put", true, func(s *Server) { s.StopWait = stopWait })
 		first := h.stopAsync("sigterm")
 		waitFor(t, "the first Stop to begin", 5*time.Second, func() bool { _, ok := h.s.stopText(); return ok })
 		second := h.stopAsync("ignored")
