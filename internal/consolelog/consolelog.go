@@ -53,9 +53,12 @@ func (w *Writer) Write(p []byte) (int, error) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := len(p)
+	// Console writes are small (QEMU hands over a few dozen bytes at a
+	// time): the tail is compacted only once it has doubled, in place, so
+	// keeping it costs a copy per 16 KiB written, not per write.
 	w.tail = append(w.tail, p...)
-	if len(w.tail) > tailSize {
-		w.tail = append(w.tail[:0:0], w.tail[len(w.tail)-tailSize:]...)
+	if len(w.tail) > 2*tailSize {
+		w.tail = w.tail[:copy(w.tail, w.tail[len(w.tail)-tailSize:])]
 	}
 	if w.max > 0 {
 		keep := w.max / 2
@@ -127,7 +130,7 @@ func (w *Writer) trim(keep int64) {
 func (w *Writer) Tail() []byte {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return append([]byte(nil), w.tail...)
+	return append([]byte(nil), w.tail[max(0, len(w.tail)-tailSize):]...)
 }
 
 // Stats reports bytes dropped because writes failed and because of the

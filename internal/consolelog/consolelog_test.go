@@ -116,3 +116,23 @@ func TestFullDiskNeverBlocks(t *testing.T) {
 	}
 	var _ io.Writer = w
 }
+
+// TestTail: Tail is the newest 16 KiB, whatever the write sizes.
+func TestTail(t *testing.T) {
+	w := New(slog.Default(), open(t), 0, 0)
+	var all []byte
+	for i := 0; i < 5000; i++ {
+		line := []byte(strings.Repeat(string(rune('a'+i%26)), i%50) + "\n")
+		all = append(all, line...)
+		w.Write(line)
+	}
+	got := w.Tail()
+	if len(got) != tailSize || !bytes.Equal(got, all[len(all)-tailSize:]) {
+		t.Fatalf("Tail is %d bytes and not the newest output", len(got))
+	}
+	small := New(slog.Default(), open(t), 0, 0)
+	small.Write([]byte("Kernel panic"))
+	if string(small.Tail()) != "Kernel panic" {
+		t.Fatalf("Tail of a short log: %q", small.Tail())
+	}
+}
