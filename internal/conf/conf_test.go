@@ -282,6 +282,8 @@ func TestParseErrors(t *testing.T) {
 		{"max_transfer_bytes words", "max_transfer_bytes = 1G", 1, "max_transfer_bytes", "not a whole number"},
 		{"max_runtime_s with a unit", "max_runtime_s = 30s", 1, "max_runtime_s", "not a whole number"},
 		{"idle_timeout_s negative", "idle_timeout_s = -1", 1, "idle_timeout_s", "not a whole number"},
+		{"max_cpu_s fraction", "max_cpu_s = 1.5", 1, "max_cpu_s", "not a whole number"},
+		{"console_log_max_bytes words", "console_log_max_bytes = 4MiB", 1, "console_log_max_bytes", "not a whole number"},
 		{"console_log_max_bytes too small", "console_log_max_bytes = 100", 1, "console_log_max_bytes", "below the minimum of 65536"},
 		{"max_output_bytes overflow", "max_output_bytes = 9223372036854775808", 1, "max_output_bytes", "too large"},
 		{"max_output_bytes suffix", "max_output_bytes = 1M", 1, "max_output_bytes", "not a whole number"},

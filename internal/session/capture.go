@@ -173,7 +173,8 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 
 	// 5: commit (checksums and fsync happen here, with the guest running
 	// again for a base).
-	fp, err := s.fingerprintWith(s.machine.Info(), s.getView().accel)
+	v := s.getView()
+	fp, err := s.fingerprintWith(s.machine.Info(), v.accel)
 	if err != nil {
 		return fail(err)
 	}
@@ -183,7 +184,7 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		Created:     time.Now().UTC(),
 		Fingerprint: fp,
 		RAMMode:     res.mode,
-		Identity:    s.getView().identity,
+		Identity:    v.identity,
 		PauseMS:     res.pause.Milliseconds(),
 		Sections:    sections,
 	}
