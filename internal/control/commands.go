@@ -34,6 +34,8 @@ var handlers = map[string]handler{
 	"__info__":     {query: (*client).info},
 	"__stats__":    {query: (*client).stats},
 	"__help__":     {query: (*client).help},
+	"__events__":   {query: (*client).events},
+	"__cmdlog__":   {query: (*client).cmdlog},
 	"__put__":      {drive: (*task).put},
 	"__get__":      {drive: (*task).get},
 	"__shutdown__": {drive: (*task).shutdown},

@@ -18,6 +18,7 @@ import (
 var servedNames = []string{
 	"__info__", "__stats__", "__help__", "__put__", "__get__",
 	"__shutdown__", "__snapshot__", "__park__", cmdline.Shell,
+	"__events__", "__cmdlog__",
 }
 
 // Every handler is attached to an entry of cmdline's table and every

@@ -96,6 +96,9 @@ type Server struct {
 	// StopWait bounds how long Stop waits for the replies it ended to
 	// reach their clients before it closes every connection.
 	StopWait time.Duration
+	// Observe is where commands are recorded; set before Serve.
+	Observe Observe
+	seq     cmdSeq
 
 	// cmds is what this build serves: the parser and __help__ read it.
 	cmds *cmdline.Set
@@ -585,6 +588,21 @@ func (c *client) errReply(format string, a ...any) {
 	c.reply("ERR "+fmt.Sprintf(format, a...), -1)
 }
 
+// replyStreamed writes a streamed (self-delimiting, trailer-less) reply,
+// with the same wait for a frame boundary as reply.
+func (c *client) replyStreamed(b []byte) {
+	t := time.NewTimer(c.s.BoundaryWait)
+	defer t.Stop()
+	select {
+	case c.frame <- struct{}{}:
+		defer func() { <-c.frame }()
+	case <-t.C:
+	case <-c.done:
+		return
+	}
+	c.write(b)
+}
+
 func (c *client) readLoop() {
 	defer close(c.work)
 	r := bufio.NewReaderSize(c.conn, 64<<10)
@@ -728,7 +746,9 @@ func (t *task) transfer(cmd cmdline.Command, op func(context.Context, string, st
 	c := t.c
 	ctx, cancel := c.s.stoppable(c.ctx)
 	defer cancel()
+	o := c.s.beginCommand(cmd.Name + " " + strings.Join(cmd.Args, " "))
 	n, err := op(ctx, cmd.Args[0], cmd.Args[1])
+	o.endTransfer(n, err)
 	if err != nil {
 		c.s.awaitStop(err)
 		t.reply(fmt.Sprintf("ERR %s: %v", verb(cmd), err), -1)
@@ -755,8 +775,10 @@ func (t *task) runShell(command string) {
 	c := t.c
 	ctx, cancel := c.s.stoppable(c.s.ctx)
 	defer cancel()
+	o := c.s.beginCommand(command)
 	out, err := c.s.backend.Exec(ctx, command)
 	if err != nil && !errors.Is(err, channel.ErrReset) {
+		o.endShell(255, "failed=exec")
 		t.reply(fmt.Sprintf("ERR exec: %v", err), -1)
 		return
 	}
@@ -764,6 +786,7 @@ func (t *task) runShell(command string) {
 	t.open()
 	if err != nil {
 		// The agent refused the command outright: an empty body, exit 255.
+		o.endShell(255, "failed=guest_reset")
 		t.guestReset(err)
 		return
 	}
@@ -798,9 +821,11 @@ func (t *task) runShell(command string) {
 			// The frame must still end, or the client waits forever and
 			// reads whatever follows as this reply.
 			if errors.Is(rerr, channel.ErrReset) {
+				o.endShell(255, "failed=guest_reset")
 				t.guestReset(rerr)
 				return
 			}
+			o.endShell(255, "failed=host")
 			c.s.awaitStop(rerr)
 			reason := hostExecFailure(rerr)
 			c.s.log.Error("control: relaying a command's output failed", "err", rerr, "reply", reason)
@@ -808,7 +833,13 @@ func (t *task) runShell(command string) {
 			return
 		}
 	}
-	t.endStream(frame.Trailer(frame.ClampExit(out.Status())))
+	exit := frame.ClampExit(out.Status())
+	note := ""
+	if capped {
+		note = "output=capped"
+	}
+	o.endShell(exit, note)
+	t.endStream(frame.Trailer(exit))
 }
 
 // guestReset ends a streamed reply the guest agent reset: exit 255, the

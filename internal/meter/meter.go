@@ -36,6 +36,21 @@ func New(now func() time.Time, ramMB, cpus int) *Meter {
 // SetUsage gives the meter the engine's usage source once it exists.
 func (m *Meter) SetUsage(f func() engine.Usage) { m.usage.Store(&f) }
 
+// Elapsed is the time since the session began: the clock of the
+// session's logs.
+func (m *Meter) Elapsed() time.Duration { return m.now().Sub(m.start) }
+
+// CPU is the guest's host CPU time so far (0 before the engine runs).
+func (m *Meter) CPU() time.Duration {
+	if f := m.usage.Load(); f != nil {
+		return (*f)().CPU
+	}
+	return 0
+}
+
+// Start is when the session began.
+func (m *Meter) Start() time.Time { return m.start }
+
 // Command counts one command that reached the guest.
 func (m *Meter) Command() { m.commands.Add(1) }
 

@@ -1,0 +1,79 @@
+// Package logtext keeps text that goes into nether's line-based logs
+// (__events__, __cmdlog__) to one line of printable UTF-8. Much of that
+// text is the guest's or a client's (a command as sent, a path), and a log
+// line must never be split, forged or framed by it.
+package logtext
+
+import (
+	"strings"
+	"unicode/utf8"
+)
+
+// Escape returns s with every byte a log line must not carry written as
+// \xNN: control bytes (newline, 0x1e and 0x1f among them), DEL and bytes
+// that are not valid UTF-8. A backslash becomes \\, so the escaping is
+// reversible and a literal "\x0a" in a command is not mistaken for one
+// that was escaped. Text with none of those is returned as is.
+func Escape(s string) string {
+	if clean(s) {
+		return s
+	}
+	var b strings.Builder
+	b.Grow(len(s) + 16)
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			hexByte(&b, s[i])
+		case r == '\\':
+			b.WriteString(`\\`)
+		case r < 0x20 || r == 0x7f:
+			hexByte(&b, byte(r))
+		default:
+			b.WriteString(s[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+// clean reports whether s needs no escaping.
+func clean(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsFunc(s, needsEscape)
+}
+
+func needsEscape(r rune) bool { return r < 0x20 || r == 0x7f || r == '\\' }
+
+func hexByte(b *strings.Builder, c byte) {
+	const digits = "0123456789abcdef"
+	b.WriteString(`\x`)
+	b.WriteByte(digits[c>>4])
+	b.WriteByte(digits[c&0xf])
+}
+
+// Truncate cuts s to at most max bytes on a rune boundary and says how
+// much was cut, so a log keeps a bounded prefix of an enormous command.
+func Truncate(s string, max int) string {
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "...[" + itoa(len(s)-cut) + " more bytes]"
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	var d [20]byte
+	i := len(d)
+	for n > 0 {
+		i--
+		d[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return string(d[i:])
+}
