@@ -32,8 +32,10 @@ const captureTimeout = 2 * time.Minute
 func (s *Session) Snapshot(ctx context.Context, rel string) (string, error) {
 	res, err := s.capture(ctx, rel, snapshot.KindBase)
 	if err != nil {
+		s.life("snapshot failed path=%s: %v", res.rel, err)
 		return "", err
 	}
+	s.life("snapshot path=%s pause_ms=%d ram=%s", res.rel, res.pause.Milliseconds(), res.mode)
 	return fmt.Sprintf("OK snapshot %s kind=base pause_ms=%d ram=%s", res.rel, res.pause.Milliseconds(), res.mode), nil
 }
 
@@ -43,8 +45,10 @@ func (s *Session) Snapshot(ctx context.Context, rel string) (string, error) {
 func (s *Session) Park(ctx context.Context, rel string) (string, error) {
 	res, err := s.capture(ctx, rel, snapshot.KindPark)
 	if err != nil {
+		s.life("park failed path=%s: %v", res.rel, err)
 		return "", err
 	}
+	s.life("park path=%s pause_ms=%d", res.rel, res.pause.Milliseconds())
 	// The bill is settled here: the final record of this session carries
 	// exactly the same figures.
 	bill := strings.Join(strings.Fields(s.meter.Settle().Stats()), " ")

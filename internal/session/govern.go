@@ -32,6 +32,7 @@ func (s *Session) govern() {
 		}
 		if reason := s.budgetReached(); reason != "" {
 			s.log.Info("a budget ran out; stopping", "reason", reason)
+			s.life("budget reason=%s", reason)
 			s.stop(reason)
 			return
 		}

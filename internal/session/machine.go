@@ -120,9 +120,16 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	if r == nil {
 		cc.mux = channel.New(channel.Host, s.log)
 		s.install(m, cc.mux, comps)
+		s.life("engine_started backend=%s accel=%s cpus=%d ram_mb=%d", info.Backend, accel, s.cfg.CPUs, s.cfg.RAMMB)
+		go s.watchAgent()
 		return nil
 	}
-	return s.finishRestore(ctx, r, m, cc, comps)
+	if err := s.finishRestore(ctx, r, m, cc, comps); err != nil {
+		return err
+	}
+	s.life("restored backend=%s accel=%s", info.Backend, accel)
+	go s.watchAgent()
+	return nil
 }
 
 // bootIdentity is who a booted sandbox is: handed in by nether.conf, or

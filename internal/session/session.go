@@ -25,6 +25,7 @@ import (
 
 	"github.com/nethersandbox/nether/internal/agentclient"
 	"github.com/nethersandbox/nether/internal/channel"
+	"github.com/nethersandbox/nether/internal/cmdlog"
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/consolelog"
 	"github.com/nethersandbox/nether/internal/control"
@@ -32,6 +33,7 @@ import (
 	"github.com/nethersandbox/nether/internal/jail"
 	"github.com/nethersandbox/nether/internal/meter"
 	"github.com/nethersandbox/nether/internal/snapshot"
+	"github.com/nethersandbox/nether/internal/timeline"
 )
 
 // ConsoleLog is the file in the launch directory the serial console always
@@ -99,6 +101,8 @@ type Session struct {
 	agent   *agentclient.Client
 	comps   components
 	console *consolelog.Writer // set once the console pump runs
+	events  *timeline.Timeline // __events__
+	cmds    *cmdlog.Log        // __cmdlog__
 	// consoleDone closes when the console pump has read the console to
 	// its end; set by assemble with the machine.
 	consoleDone <-chan struct{}
@@ -144,6 +148,7 @@ func Run(opt Options) int {
 	// Who the sandbox is is known before anything starts, so __info__
 	// says it from the first moment.
 	s.view.identity = bootIdentity(s.cfg)
+	s.newObservation()
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	reason, err := s.run()
 	s.cancel(errStopping)
@@ -179,6 +184,7 @@ func (s *Session) run() (reason string, err error) {
 			return meter.ReasonError, err
 		}
 	}
+	s.lifeStart()
 	if !consoleMode {
 		j, err := jail.Open(s.cfg.Dir)
 		if err != nil {
@@ -195,6 +201,7 @@ func (s *Session) run() (reason string, err error) {
 			j.Protect(filepath.Base(s.cfg.ControlSocket))
 		}
 		s.ctl = control.New(s.log, s, s.meter, s.cfg.MaxOutputBytes)
+		s.ctl.Observe = control.Observe{Events: s.events, Commands: s.cmds}
 		if err := s.ctl.Listen(s.cfg.ControlSocket); err != nil {
 			return meter.ReasonError, err
 		}
@@ -235,6 +242,7 @@ func (s *Session) run() (reason string, err error) {
 	case <-engineDone:
 		<-consoleDone
 		reason, err := s.endReason(s.machine.Err())
+		s.life("stopping reason=%s", reason)
 		why := reason
 		if err != nil {
 			why += ": " + err.Error()
@@ -248,6 +256,7 @@ func (s *Session) run() (reason string, err error) {
 	case sig := <-sigs:
 		reason = signalReason(sig)
 		s.log.Info("signal received; stopping", "signal", sig)
+		s.life("stopping reason=%s", reason)
 	case reason = <-s.stopCh:
 	}
 	s.teardown(reason)
@@ -415,7 +424,10 @@ func (n neverFail) Write(p []byte) (int, error) {
 
 // stop asks the session to end with reason; the first request wins.
 func (s *Session) stop(reason string) {
-	s.stopOnce.Do(func() { s.stopCh <- reason })
+	s.stopOnce.Do(func() {
+		s.life("stopping reason=%s", reason)
+		s.stopCh <- reason
+	})
 }
 
 // setView updates what __info__ reports.
