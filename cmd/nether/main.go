@@ -113,6 +113,8 @@ func main() {
 		Stdout:   os.Stdout,
 		Stdin:    os.Stdin,
 		GuestDir: guestDir(),
+		// Only a build for bench/observe turns observation off.
+		Unobserved: unobserved,
 	}))
 }
 

@@ -16,6 +16,9 @@ import (
 // newObservation makes the session's timeline and command log, on the
 // meter's clock so that every "ms" of a session counts from one moment.
 func (s *Session) newObservation() {
+	if s.opt.Unobserved {
+		return
+	}
 	s.events = timeline.New(s.meter.Start(), s.opt.Now, 0)
 	s.cmds = cmdlog.New(0)
 }

@@ -77,6 +77,11 @@ type Options struct {
 	// (handshakeTimeout, powerOffWait); tests shorten them.
 	HandshakeTimeout time.Duration
 	PowerOffWait     time.Duration
+	// Unobserved turns the event timeline and the command log off (their
+	// commands answer a framed ERR). It exists to measure what
+	// observation costs (bench/observe builds nether with the
+	// nether_unobserved tag); a platform has no reason to set it.
+	Unobserved bool
 }
 
 // Session is a running sandbox.
