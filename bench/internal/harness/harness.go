@@ -37,8 +37,14 @@ func Repo() string {
 // after the control_socket line). Close stops it and removes both
 // directories.
 func Start(repo string, conf string) (*testharness.Sandbox, error) {
+	return StartBin(filepath.Join(repo, "bin", "nether"), conf)
+}
+
+// StartBin is Start with another nether binary (one built with other
+// tags, say).
+func StartBin(bin string, conf string) (*testharness.Sandbox, error) {
 	return testharness.Start(testharness.Options{
-		Bin:    filepath.Join(repo, "bin", "nether"),
+		Bin:    bin,
 		Socket: "ctl.sock",
 		Conf:   strings.Split(strings.TrimRight(conf, "\n"), "\n"),
 		Args:   []string{"-log-level", "info"},
