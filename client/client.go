@@ -13,11 +13,27 @@
 // negative exit is a control-plane error and is returned as *ControlError.
 //
 // Streamed replies (__events__, __cmdlog__, __netlog__, __screen__,
-// __screendiff__, __frame__, __framediff__) have no trailer: they are
-// complete when the socket has been idle for the stream-idle window
-// (SetStreamIdle, default 500 ms) or the server closes the connection. A
-// streamed command that cannot run answers with a framed ERR, which is
-// detected by its "ERR" prefix and read as a frame.
+// __screendiff__, __frame__, __framediff__) have no trailer and no
+// escaping: each is self-delimiting by its header, and the client reads
+// exactly the bytes the header announces, with no idle timer:
+//
+//	EVENTS <cursor> <count>[ dropped=<n>]\n  then count lines
+//	CMDLOG <count>[ dropped=<n>]\n           then count lines
+//	NETLOG <count>[ dropped=<n>]\n           then count lines
+//	SCREEN <count> <cols> <rows> <cursor_row> <cursor_col>\n      then count lines
+//	SCREENDIFF <count> <cols> <rows> <cursor_row> <cursor_col>\n  then count lines
+//	P6\n<width> <height>\n255\n              then width*height*3 bytes
+//	FRAMEDIFF <width> <height> <tile> <count>\n
+//	                                then count of "<x> <y> <w> <h>\n" + w*h*3 bytes
+//
+// A streamed command that cannot run answers with a framed ERR instead
+// (no payload begins with "ERR"), which is read as a frame and returned as
+// *ControlError. Announced sizes are capped (MaxStreamLine and the other
+// Max* constants); a reply over a cap, with an unknown header, or
+// otherwise malformed is an ErrStreamFormat error and leaves the
+// connection out of sync, so the Client refuses further commands. Run
+// writes a streamed payload to its writer unchanged; Events, CmdLog,
+// NetLog, Screen, ScreenDiff, Frame and FrameDiff decode it.
 //
 // # Version 1 servers
 //
@@ -55,8 +71,6 @@ const (
 	// V1Settle is how long a bare v1 "OK"/"ERR" line must be followed by
 	// silence to count as a complete reply.
 	V1Settle = 500 * time.Millisecond
-	// DefaultStreamIdle ends a streamed (trailer-less) reply.
-	DefaultStreamIdle = 500 * time.Millisecond
 
 	// bodySlack is added to the server's max_output_bytes for the default
 	// body limit: the server inserts a "...[output capped]" marker on top
@@ -99,14 +113,13 @@ func (e *ControlError) Error() string {
 
 // Client is a connection to one nether control socket.
 type Client struct {
-	mu         sync.Mutex // serialises commands
-	conn       net.Conn
-	br         *bufio.Reader
-	fr         *frame.Reader
-	info       map[string]string
-	proto      int
-	streamIdle time.Duration
-	broken     error // set once the stream is out of sync or gone
+	mu     sync.Mutex // serialises commands
+	conn   net.Conn
+	br     *bufio.Reader
+	fr     *frame.Reader
+	info   map[string]string
+	proto  int
+	broken error // set once the stream is out of sync or gone
 
 	// dmu orders deadline changes against cancellation, so restoring a
 	// deadline after a short idle wait can never undo the expired
@@ -134,10 +147,9 @@ func Dial(ctx context.Context, socketPath string) (*Client, error) {
 func newClient(conn net.Conn) *Client {
 	br := bufio.NewReaderSize(conn, 64<<10)
 	return &Client{
-		conn:       conn,
-		br:         br,
-		fr:         frame.NewReader(br, -1),
-		streamIdle: DefaultStreamIdle,
+		conn: conn,
+		br:   br,
+		fr:   frame.NewReader(br, -1),
 	}
 }
 
@@ -201,7 +213,7 @@ func (c *Client) ProtoVersion() int { return c.proto }
 // always sends the trailer, even for a runaway command). n <= 0 means
 // unlimited, matching max_output_bytes=0 in nether.conf. The default is
 // the server's max_output_bytes plus slack. Streamed replies are not
-// capped: their size is bounded by what the server renders.
+// subject to it: they are bounded by the Max* limits of their shapes.
 func (c *Client) SetMaxBody(n int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -209,16 +221,6 @@ func (c *Client) SetMaxBody(n int64) {
 		n = -1
 	}
 	c.fr.Limit = n
-}
-
-// SetStreamIdle sets the idle gap that ends a streamed reply. Local IPC
-// delivers a reply in microseconds, so the default is generous.
-func (c *Client) SetStreamIdle(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if d > 0 {
-		c.streamIdle = d
-	}
 }
 
 // Close closes the connection. It may be called concurrently with Run to
@@ -245,7 +247,8 @@ func (c *Client) Query(ctx context.Context, name string) (string, error) {
 // (nil discards it) as it arrives, returning the exit code: the guest
 // command's 0..255, or a negative control-plane code together with a
 // *ControlError. The ERR line of a control-plane error is reported only in
-// the ControlError, not written to out.
+// the ControlError, not written to out. A streamed command's payload is
+// written to out byte for byte, header included, and its exit is 0.
 //
 // ctx's deadline is applied to the socket; cancelling ctx aborts the read.
 // An aborted or failed read leaves the reply half-consumed, so the Client
@@ -277,7 +280,7 @@ type readMode int
 const (
 	readFramed   readMode = iota // v2: read to the trailer
 	readSettle                   // v1: bare OK/ERR line or frame
-	readStreamed                 // no trailer: read to idle/EOF
+	readStreamed                 // no trailer: read by the header
 )
 
 // run does one request/response exchange; c.mu must be held.
@@ -334,7 +337,7 @@ func (c *Client) run(ctx context.Context, line string, out io.Writer, mode readM
 	case readSettle:
 		res, err = c.readSettle(ctx, dl, w)
 	case readStreamed:
-		res, err = c.readStreamed(ctx, dl, w)
+		res, err = c.readStreamed(ctx, dl, line, out, w)
 	}
 	if err != nil {
 		return 0, c.fail(ctx, fmt.Errorf("reading reply: %w", err))
@@ -471,54 +474,28 @@ func (c *Client) readSettle(ctx context.Context, dl time.Time, w io.Writer) (fra
 	}
 }
 
-// readStreamed reads a trailer-less reply until the socket goes idle or
-// closes. A reply starting with "ERR" is the framed (or v1 bare) error of
-// a streamed command that could not run.
-func (c *Client) readStreamed(ctx context.Context, dl time.Time, w io.Writer) (frame.Result, error) {
-	// The first byte may take as long as the server needs (ctx bounds it);
-	// idleness only counts once the reply has started.
-	if _, err := c.br.Peek(1); err != nil {
+// readStreamed reads a trailer-less reply by its header (see the package
+// documentation), writing its bytes unchanged to out. A reply starting
+// with "ERR" is the framed (or, from a v1 server, bare) error of a
+// streamed command that could not run; it is read into w, which holds the
+// ERR line back from the caller.
+func (c *Client) readStreamed(ctx context.Context, dl time.Time, line string, out, w io.Writer) (frame.Result, error) {
+	head, err := c.br.Peek(3)
+	if err != nil {
 		return frame.Result{}, eofToUnexpected(err)
 	}
-	restore := c.withReadDeadline(dl, c.streamIdle)
-	head, err := c.br.Peek(3)
-	restore()
-	if err == nil && string(head) == "ERR" {
-		return c.readSettle(ctx, dl, w)
+	if string(head) == "ERR" {
+		if c.proto <= 1 {
+			return c.readSettle(ctx, dl, w)
+		}
+		return c.fr.Next(w)
 	}
-	if err != nil && !isIdleTimeout(ctx, dl, err) && err != io.EOF {
+	verb, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+	p, err := readPayload(c.br, out, streamHeaders[verb])
+	if err != nil {
 		return frame.Result{}, err
 	}
-
-	var res frame.Result
-	buf := make([]byte, 32<<10)
-	for {
-		restore := c.withReadDeadline(dl, c.streamIdle)
-		n, err := c.br.Read(buf)
-		restore()
-		if n > 0 {
-			if res.WriteErr == nil {
-				m, werr := w.Write(buf[:n])
-				res.Written += int64(m)
-				res.Discarded += int64(n - m)
-				res.WriteErr = werr
-			} else {
-				res.Discarded += int64(n)
-			}
-		}
-		switch {
-		case err == nil:
-		case isIdleTimeout(ctx, dl, err):
-			return res, nil
-		case err == io.EOF:
-			// Complete, but the server has gone: later commands must fail
-			// clearly rather than with a confusing EOF mid-write.
-			c.broken = errors.New("server closed the connection after a streamed reply")
-			return res, nil
-		default:
-			return res, err
-		}
-	}
+	return frame.Result{Written: p.consumed, WriteErr: p.writeErr}, nil
 }
 
 func eofToUnexpected(err error) error {

@@ -303,54 +303,6 @@ func TestContextDeadlineAndCancel(t *testing.T) {
 	})
 }
 
-func TestStreamed(t *testing.T) {
-	sock := fakeServer(t, v2Report, func(line string, c io.Writer) bool {
-		switch line {
-		case "__events__ 3":
-			c.Write([]byte("EVENTS 5\n4 CMD ls\n"))
-			time.Sleep(10 * time.Millisecond)
-			c.Write([]byte("5 LIFE boot\n"))
-		case "__frame__":
-			c.Write([]byte("P6\n1 1\n255\n\x1e\x1f\x00"))
-		case "__netlog__":
-			c.Write(frame.Framed("ERR net is off", -1))
-		case "__screen__":
-			c.Write([]byte("$ "))
-		}
-		return true
-	})
-	c := dial(t, sock)
-	c.SetStreamIdle(150 * time.Millisecond)
-	tests := []struct {
-		line string
-		out  string
-		ctrl string
-	}{
-		{"__events__ 3", "EVENTS 5\n4 CMD ls\n5 LIFE boot\n", ""},
-		{"__frame__", "P6\n1 1\n255\n\x1e\x1f\x00", ""},
-		{"__netlog__", "", "ERR net is off"},
-		{"__screen__", "$ ", ""},
-	}
-	for _, tt := range tests {
-		t.Run(tt.line, func(t *testing.T) {
-			exit, out, err := run(t, c, tt.line)
-			if out != tt.out {
-				t.Fatalf("out %q, want %q (exit %d err %v)", out, tt.out, exit, err)
-			}
-			var ce *ControlError
-			if tt.ctrl != "" {
-				if !errors.As(err, &ce) || ce.Msg != tt.ctrl {
-					t.Fatalf("err = %v", err)
-				}
-				return
-			}
-			if err != nil || exit != 0 {
-				t.Fatalf("exit %d err %v", exit, err)
-			}
-		})
-	}
-}
-
 func TestInvalidCommand(t *testing.T) {
 	c := dial(t, fakeServer(t, v2Report, always))
 	for _, line := range []string{"true\nreboot", "echo \x1e0", "x\x00"} {

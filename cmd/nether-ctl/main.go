@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"image/png"
 	"io"
 	"os"
 	"os/signal"
@@ -26,7 +27,7 @@ const (
 	exitInterrupted = 130
 )
 
-const usage = `Usage: nether-ctl [-timeout DURATION] SOCKET COMMAND...
+const usage = `Usage: nether-ctl [-timeout DURATION] [-png FILE] SOCKET COMMAND...
 
 Send one command to a running nether sandbox over its control socket (the
 control_socket= path from nether.conf) and print the reply.
@@ -39,14 +40,21 @@ such as &&, |, > or $VAR so that your local shell passes it through to the
 guest instead of interpreting it. Output is streamed to stdout as it
 arrives.
 
+The observe commands __events__ [SEQ], __cmdlog__, __netlog__,
+__screen__, __screendiff__, __frame__ and __framediff__ print their reply
+exactly as nether sends it, header line included (__frame__ is a binary
+PPM image; __framediff__ is binary too), and exit 0 once it is complete.
+
 Options:
   -timeout DURATION   give up after this long (e.g. 30s, 5m); default: wait
                       as long as the command runs
+  -png FILE           with __frame__ only: save the frame to FILE as a PNG
+                      image instead of writing the PPM to stdout
   -h, --help          show this help
 
 Exit status:
   0-255   the guest command's own exit code (0 for a successful control
-          command such as __info__ or __put__)
+          command such as __info__ or __put__, or a complete observe reply)
   125     nether-ctl could not do its job: bad usage, cannot connect,
           protocol error, timeout, or nether rejected the command (the
           "ERR ..." reason is printed on stderr)
@@ -57,6 +65,8 @@ Examples:
   nether-ctl /tmp/nether.sock uname -a
   nether-ctl /tmp/nether.sock 'cd /tmp && make test'
   nether-ctl -timeout 60s /tmp/nether.sock __put__ build.tar /tmp/build.tar
+  nether-ctl /tmp/nether.sock __events__ 42
+  nether-ctl -png screen.png /tmp/nether.sock __frame__
   nether-ctl /tmp/nether.sock __shutdown__
 `
 
@@ -68,6 +78,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nether-ctl", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // usage errors are reported below, once
 	timeout := fs.Duration("timeout", 0, "")
+	pngPath := fs.String("png", "", "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(stdout, usage)
@@ -82,6 +93,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	sock := fs.Arg(0)
 	line := strings.Join(fs.Args()[1:], " ")
+	if *pngPath != "" && line != "__frame__" {
+		fmt.Fprintf(stderr, "nether-ctl: -png only applies to __frame__, not to %q\nRun 'nether-ctl --help' for usage.\n", line)
+		return exitFailure
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -100,6 +115,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 	// is no reason to discard any output.
 	c.SetMaxBody(0)
 
+	if *pngPath != "" {
+		if err := saveFramePNG(ctx, c, *pngPath); err != nil {
+			return report(ctx, stderr, "", err)
+		}
+		return 0
+	}
 	exit, err := c.Run(ctx, line, stdout)
 	if err != nil {
 		return report(ctx, stderr, "", err)
@@ -108,6 +129,29 @@ func run(args []string, stdout, stderr io.Writer) int {
 		exit = 255
 	}
 	return exit
+}
+
+// saveFramePNG fetches the framebuffer and writes it to path as a PNG.
+// The frame is fetched first, so a failed fetch (no gpu=1, say) leaves an
+// existing file alone; a failed write removes the partial file.
+func saveFramePNG(ctx context.Context, c *client.Client, path string) error {
+	frame, err := c.Frame(ctx)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("saving the frame: %w", err)
+	}
+	err = png.Encode(f, frame.Image())
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("saving the frame as PNG in %s: %w", path, err)
+	}
+	return nil
 }
 
 // report prints err for a person and picks the exit status.

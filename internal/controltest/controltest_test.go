@@ -72,3 +72,76 @@ func TestSocketPathShort(t *testing.T) {
 		}
 	}
 }
+
+func TestTrickle(t *testing.T) {
+	reply := []byte(Frame + "after")
+	tests := []struct {
+		name  string
+		chunk int
+	}{
+		{"one byte", 1},
+		{"five bytes", 5},
+		{"zero means one", 0},
+		{"larger than the reply", 1 << 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var writes [][]byte
+			h := Trickle(func(line string, w io.Writer) bool {
+				n, err := w.Write(reply)
+				if n != len(reply) || err != nil {
+					t.Errorf("Write = %d, %v", n, err)
+				}
+				return true
+			}, tt.chunk)
+			h("x", writerFunc(func(p []byte) (int, error) {
+				writes = append(writes, append([]byte(nil), p...))
+				return len(p), nil
+			}))
+			var joined []byte
+			for _, w := range writes {
+				if len(w) > max(tt.chunk, 1) {
+					t.Fatalf("a write of %d bytes, chunk %d", len(w), tt.chunk)
+				}
+				joined = append(joined, w...)
+			}
+			if string(joined) != string(reply) {
+				t.Fatalf("wrote %q, want %q", joined, reply)
+			}
+		})
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestObserveReplies pins the canned replies' shapes: each streamed verb
+// is answered, and without gpu the frame commands answer a framed ERR.
+func TestObserveReplies(t *testing.T) {
+	tests := []struct {
+		name string
+		gpu  bool
+		line string
+		want string
+	}{
+		{"events", true, "__events__", EventsAll},
+		{"frame", true, "__frame__", Frame},
+		{"frame without gpu", false, "__frame__", "ERR __frame__ needs gpu = 1 in nether.conf\n\x1e-1\n"},
+		{"framediff without gpu", false, "__framediff__", "ERR __framediff__ needs gpu = 1 in nether.conf\n\x1e-1\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := string(ObserveReplies(tt.gpu)[tt.line]); got != tt.want {
+				t.Fatalf("got %q, want %q", got, tt.want)
+			}
+		})
+	}
+	if len(FramePixels) != 2*2*3 {
+		t.Fatalf("FramePixels is %d bytes, want a 2x2 frame's 12", len(FramePixels))
+	}
+	sock := Server{Info: "x=1", Handle: Trickle(Replies(ObserveReplies(true), nil), 3)}.Start(t)
+	if got := exchange(t, sock, "__screendiff__"); got != ScreenDiff {
+		t.Fatalf("trickled over the socket: got %q, want %q", got, ScreenDiff)
+	}
+}
