@@ -79,9 +79,11 @@ type Shape uint8
 const (
 	// Framed replies end with the 0x1e<exit>\n trailer.
 	Framed Shape = iota
-	// Streamed replies have no trailer: they end when the stream goes
-	// idle or the socket closes. A streamed command that cannot run still
-	// answers with a framed ERR.
+	// Streamed replies have no trailer: each is self-delimiting by its
+	// own header (a line count, or an image's dimensions), so a client
+	// reads exactly what the header announces. A streamed command that
+	// cannot run answers with a framed ERR instead, and no payload begins
+	// with "ERR".
 	Streamed
 )
 

@@ -153,7 +153,8 @@ func TestDrive(t *testing.T) {
 			{"__bogus__", "unknown command"},
 			{"__get__ a b c", "exactly 2"},
 			{"__put__ onlyone", "exactly 2"},
-			{"__events__", "unknown command"}, // a protocol verb this build does not serve
+			{"__netlog__", "unknown command"}, // a protocol verb this build does not serve (net is issue 8)
+			{"__events__ -1", "non-negative integer"},
 			{"__snapshot__ a b", "argument"},
 		} {
 			t.Run(tc.line, func(t *testing.T) {
