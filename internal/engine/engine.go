@@ -40,10 +40,14 @@ type Spec struct {
 	// Incoming, when set, starts the machine paused, waiting to load a
 	// captured state instead of booting.
 	Incoming *Incoming
+	// Display gives the guest a display device (gpu = 1), read back with
+	// Machine.Screendump. It is part of the device set: a restore must
+	// ask for the display the artifact was captured with.
+	Display bool
 
-	// Devices the next planes add (a NIC, block devices, a display) join
-	// Spec here as endpoint descriptions, and Machine grows the matching
-	// endpoint accessors; the session passes them through untouched.
+	// Devices the next planes add (a NIC, block devices) join Spec here
+	// as endpoint descriptions, and Machine grows the matching endpoint
+	// accessors; the session passes them through untouched.
 }
 
 // Incoming is a committed artifact to restore.
@@ -123,6 +127,12 @@ type Machine interface {
 	// Quit stops the machine at once (no guest shutdown) and waits for
 	// the engine to exit. It works on a wedged engine too.
 	Quit(ctx context.Context) error
+
+	// Screendump returns what the display shows now, as a binary PPM
+	// (P6, maxval 255; internal/framebuf parses it). It fails with
+	// ErrNoDisplay on a machine started without Spec.Display. It works
+	// on a paused machine too.
+	Screendump(ctx context.Context) ([]byte, error)
 }
 
 // Usage is what the machine cost the host.
@@ -150,6 +160,14 @@ var (
 	// fault, an init that died).
 	ErrGuestReset = errors.New("the guest reset itself")
 )
+
+// ErrNoDisplay is returned by Screendump on a machine without a display.
+var ErrNoDisplay = errors.New("the machine has no display")
+
+// ErrDeviceMismatch is wrapped by a restore refused because the artifact
+// was captured with another device set (a display, say) than the Spec
+// asks for: the engine could not load its device state.
+var ErrDeviceMismatch = errors.New("the artifact's devices differ from the sandbox's")
 
 // ErrSectionVersion is returned by an engine asked to restore a section
 // newer than it understands.

@@ -10,9 +10,13 @@
 // the guest as a kernel panic and a reset do, "poweroff" powers it off,
 // "hang" never ends, "reset" makes the agent abort the stream, "burn MS"
 // adds MS milliseconds to the engine's CPU usage, "sleep MS" ends after MS
-// milliseconds; anything else is echoed back and
-// exits 0. Files put into the guest live in the agent's memory and cross
-// captures.
+// milliseconds, "draw X Y" paints pixel X,Y of the display white, "resize
+// W H" gives the display a new, black frame; anything else is echoed back
+// and exits 0. Files put into the guest, and the display's frame, live in
+// the fake's memory and cross captures.
+//
+// A machine started with Spec.Display has a DisplayWidth x DisplayHeight
+// display, black at boot, read with Screendump.
 package fake
 
 import (
@@ -34,7 +38,19 @@ import (
 	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/framebuf"
 )
+
+// The fake display's size at boot: small, and not a multiple of
+// framebuf.DefaultTile either way, so a diff has edge tiles narrower and
+// shorter than the rest (3x2 tiles).
+const (
+	DisplayWidth  = 160
+	DisplayHeight = 96
+)
+
+// maxFakeDisplay bounds "resize".
+const maxFakeDisplay = 1024
 
 // Faults are behaviours to inject into the next machines an Engine starts.
 type Faults struct {
@@ -125,11 +141,22 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (engine.Machine, e
 		log: e.Log, faults: f, spec: spec,
 		hostCh: hostCh, guestCh: guestCh, hostCon: hostCon, guestCon: guestCon,
 		done: make(chan struct{}), files: map[string][]byte{}, running: make(chan struct{}),
-		info: engine.Info{Backend: "fake", Version: e.version(), Machine: "fake-1", Accel: spec.Accel},
+		frame: blankFrame(spec.Display, DisplayWidth, DisplayHeight),
+		info:  engine.Info{Backend: "fake", Version: e.version(), Machine: "fake-1", Accel: spec.Accel},
 	}
 	m.freeze.Store(f.Frozen)
 	go io.Copy(io.Discard, guestCon) // console input goes nowhere
-	if spec.Incoming == nil {
+	if in := spec.Incoming; in != nil {
+		// As QEMU, a restore must ask for the devices the artifact had.
+		var sec section
+		if err := json.Unmarshal(in.Section.Data, &sec); err != nil {
+			return nil, fmt.Errorf("restoring %s: decoding the fake section: %w", in.Dir, err)
+		}
+		if sec.Display != spec.Display {
+			return nil, fmt.Errorf("restoring %s: %w: the artifact was captured with gpu = %t and this sandbox has gpu = %t",
+				in.Dir, engine.ErrDeviceMismatch, sec.Display, spec.Display)
+		}
+	} else {
 		m.guest = channel.New(channel.Guest, e.Log)
 		m.guest.Attach(guestCh, true)
 		m.startAgent()
@@ -163,6 +190,7 @@ type Machine struct {
 	files   map[string][]byte
 	epoch   uint64
 	paused  bool
+	frame   *framebuf.Image // the display; nil without one
 
 	done     chan struct{}
 	doneOnce sync.Once
@@ -176,6 +204,69 @@ type state struct {
 	Guest json.RawMessage   `json:"guest"` // the guest half of the channel
 	Files map[string][]byte `json:"files"`
 	Epoch uint64            `json:"epoch"`
+	Frame *framebuf.Image   `json:"frame,omitempty"` // the display's memory
+}
+
+// section is the fake engine's metadata in an artifact.
+type section struct {
+	Fake    bool `json:"fake"`
+	Display bool `json:"display,omitempty"`
+}
+
+// blankFrame is a black w x h frame, or nil without a display.
+func blankFrame(display bool, w, h int) *framebuf.Image {
+	if !display {
+		return nil
+	}
+	return &framebuf.Image{Width: w, Height: h, Pix: make([]byte, w*h*3)}
+}
+
+// Screendump implements engine.Machine: the fake frame as a PPM.
+func (m *Machine) Screendump(ctx context.Context) ([]byte, error) {
+	if err := m.frozen(ctx); err != nil {
+		return nil, err
+	}
+	select {
+	case <-m.done:
+		return nil, errors.New("fake engine ended")
+	default:
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.frame == nil {
+		return nil, engine.ErrNoDisplay
+	}
+	return m.frame.PPM(), nil
+}
+
+// draw paints pixel x,y of the display white.
+func (m *Machine) draw(x, y int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	f := m.frame
+	if f == nil {
+		return errors.New("no display")
+	}
+	if x < 0 || y < 0 || x >= f.Width || y >= f.Height {
+		return fmt.Errorf("%d,%d is outside the %dx%d display", x, y, f.Width, f.Height)
+	}
+	i := (y*f.Width + x) * 3
+	f.Pix[i], f.Pix[i+1], f.Pix[i+2] = 0xff, 0xff, 0xff
+	return nil
+}
+
+// resize gives the display a new black frame of w x h.
+func (m *Machine) resize(w, h int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.frame == nil {
+		return errors.New("no display")
+	}
+	if w < 1 || h < 1 || w > maxFakeDisplay || h > maxFakeDisplay {
+		return fmt.Errorf("%dx%d is outside 1x1..%dx%d", w, h, maxFakeDisplay, maxFakeDisplay)
+	}
+	m.frame = blankFrame(true, w, h)
+	return nil
 }
 
 func (m *Machine) Console() io.ReadWriter      { return m.hostCon }
@@ -301,7 +392,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return engine.Captured{}, err
 	}
 	m.mu.Lock()
-	st := state{Guest: guest, Files: m.files, Epoch: m.epoch}
+	st := state{Guest: guest, Files: m.files, Epoch: m.epoch, Frame: m.frame}
 	b, err := json.Marshal(st)
 	m.mu.Unlock()
 	if err != nil {
@@ -315,7 +406,11 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 	if _, err := f.Write(b); err != nil {
 		return engine.Captured{}, err
 	}
-	return engine.Captured{Section: engine.Section{Version: 1, Data: json.RawMessage(`{"fake":true}`)}}, nil
+	sec, err := json.Marshal(section{Fake: true, Display: m.spec.Display})
+	if err != nil {
+		return engine.Captured{}, err
+	}
+	return engine.Captured{Section: engine.Section{Version: 1, Data: sec}}, nil
 }
 
 // LoadIncoming implements engine.Machine.
@@ -348,6 +443,13 @@ func (m *Machine) LoadIncoming(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	m.files, m.epoch, m.paused = st.Files, st.Epoch, true
+	if m.spec.Display {
+		if st.Frame == nil || st.Frame.Check() != nil {
+			m.mu.Unlock()
+			return errors.New("fake state: the display's frame is missing or malformed")
+		}
+		m.frame = st.Frame
+	}
 	if m.files == nil {
 		m.files = map[string][]byte{}
 	}
@@ -483,6 +585,22 @@ func (m *Machine) exec(st *channel.Stream, command string) {
 		// Spend CPU time: the engine's usage grows by arg milliseconds.
 		ms, _ := strconv.Atoi(arg)
 		m.cpu.Add(int64(ms) * int64(time.Millisecond))
+		st.CloseWrite([]byte("0"))
+	case "draw", "resize":
+		a, b, _ := strings.Cut(arg, " ")
+		x, errX := strconv.Atoi(a)
+		y, errY := strconv.Atoi(b)
+		err := errors.Join(errX, errY)
+		if err == nil && verb == "draw" {
+			err = m.draw(x, y)
+		} else if err == nil {
+			err = m.resize(x, y)
+		}
+		if err != nil {
+			st.Write([]byte(verb + ": " + err.Error() + "\n"))
+			st.CloseWrite([]byte("1"))
+			return
+		}
 		st.CloseWrite([]byte("0"))
 	case "hang":
 		<-m.done

@@ -79,6 +79,7 @@ type Machine struct {
 	mem      *os.File
 	vmgenid  string
 	cmdline  string
+	display  bool // started with a display device (Spec.Display)
 	incoming *engine.Incoming
 	ramIn    ramMode // for an incoming machine: where its RAM comes from
 
@@ -104,12 +105,16 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 			return nil, fmt.Errorf("guest file: %w (run scripts/setup.sh to build the guest image)", err)
 		}
 	}
+	if spec.Display && spec.Incoming == nil {
+		warnPVHDisplay(e.log, spec.Kernel)
+	}
 	m := &Machine{
 		log:     e.log,
 		stderr:  &tailBuffer{max: 8 << 10},
 		done:    make(chan struct{}),
 		qmpDone: make(chan struct{}),
 		cmdline: spec.Cmdline,
+		display: spec.Display,
 		info:    engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
 	}
 	defer func() {
@@ -122,6 +127,9 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	if in := spec.Incoming; in != nil {
 		sec, err := decodeSection(in.Section)
 		if err != nil {
+			return nil, fmt.Errorf("restoring %s: %w", in.Dir, err)
+		}
+		if err := sec.checkDevices(spec); err != nil {
 			return nil, fmt.Errorf("restoring %s: %w", in.Dir, err)
 		}
 		m.incoming, m.ramIn, m.cmdline = in, sec.RAM, sec.Cmdline
@@ -353,6 +361,11 @@ func commandLine(spec engine.Spec, cmdline string, socks map[string]string, memF
 		"-initrd", spec.Initrd,
 		"-append", cmdline,
 		"-no-reboot",
+	}
+	if spec.Display {
+		// Keeps its VGA BIOS (no romfile=): the firmware sets up VGA text
+		// mode with it, which the kernel's VGA console then draws into.
+		args = append(args, "-device", displayDevice)
 	}
 	if spec.Incoming != nil {
 		args = append(args, "-incoming", "defer")

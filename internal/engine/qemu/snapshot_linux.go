@@ -23,9 +23,16 @@ const (
 	ramStream ramMode = "stream" // inside the migration stream ("state")
 )
 
-// sectionVersion is the version of the engine section this build writes
-// and the newest it reads.
-const sectionVersion = 1
+// sectionVersion is the newest engine section this build reads. It
+// writes the oldest version that can say what it captured: 1 for a
+// machine without a display (the format before displays existed, so such
+// artifacts stay readable by older nethers), 2 for one with, so an older
+// nether refuses a display artifact by its version instead of starting
+// QEMU without the device and failing obscurely in the migration.
+const sectionVersion = 2
+
+// displaySectionVersion is the first version that records a display.
+const displaySectionVersion = 2
 
 // section is the QEMU engine's part of an artifact's metadata.
 type section struct {
@@ -34,6 +41,40 @@ type section struct {
 	// Cmdline is the kernel command line the captured machine booted
 	// with: QEMU's firmware tables must match it on restore.
 	Cmdline string `json:"cmdline"`
+	// Display: the machine had a display device (gpu = 1). The device
+	// set must match on restore, so a restore with another Spec.Display
+	// is refused before QEMU starts.
+	Display bool `json:"display,omitempty"`
+}
+
+// encode returns sec as an engine section of the version it needs.
+func (sec section) encode() (engine.Section, error) {
+	data, err := json.Marshal(sec)
+	if err != nil {
+		return engine.Section{}, fmt.Errorf("encoding the engine section: %w", err)
+	}
+	v := 1
+	if sec.Display {
+		v = displaySectionVersion
+	}
+	return engine.Section{Version: v, Data: data}, nil
+}
+
+// checkDevices refuses to restore sec into a machine whose Spec asks for
+// another device set.
+func (sec section) checkDevices(spec engine.Spec) error {
+	if sec.Display != spec.Display {
+		return fmt.Errorf("%w: the artifact was captured with gpu = %d (display device %s) and this sandbox has gpu = %d; set gpu in nether.conf as it was at capture",
+			engine.ErrDeviceMismatch, b2i(sec.Display), displayDevice, b2i(spec.Display))
+	}
+	return nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func decodeSection(s engine.Section) (section, error) {
@@ -51,6 +92,9 @@ func decodeSection(s engine.Section) (section, error) {
 	}
 	if sec.VMGenID == "" {
 		return sec, errors.New("qemu engine section: no vmgenid")
+	}
+	if sec.Display && s.Version < displaySectionVersion {
+		return sec, fmt.Errorf("qemu engine section version %d cannot record a display", s.Version)
 	}
 	return sec, nil
 }
@@ -139,7 +183,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return out, fmt.Errorf("saving device state: %w", err)
 	}
 	out.DeviceState = time.Since(start)
-	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline}
+	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display}
 	if ram != nil {
 		sec.RAM = ramFile
 		start = time.Now()
@@ -149,11 +193,9 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		}
 		out.RAMInFile, out.RAMBytes, out.RAMCopy = true, n, time.Since(start)
 	}
-	data, err := json.Marshal(sec)
-	if err != nil {
-		return out, fmt.Errorf("encoding the engine section: %w", err)
+	if out.Section, err = sec.encode(); err != nil {
+		return out, err
 	}
-	out.Section = engine.Section{Version: sectionVersion, Data: data}
 	return out, nil
 }
 
