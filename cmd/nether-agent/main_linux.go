@@ -45,6 +45,10 @@ func main() {
 			runConsoleShell(r, log)
 			powerOff(log)
 		}()
+	} else if os.Getpid() == 1 {
+		// Control mode: a login shell on the serial console, for
+		// __screen__ (never on the host's terminal when run by hand).
+		startConsoleShell(r, log, params)
 	}
 
 	port, err := openPort(portName, 20*time.Second)
