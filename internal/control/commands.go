@@ -31,17 +31,21 @@ func (h handler) queued() bool { return h.drive != nil }
 // otherwise, and TestHandlersMatchTable checks it), so this map is not a
 // second list of verbs but the attachment of behaviour to the one list.
 var handlers = map[string]handler{
-	"__info__":     {query: (*client).info},
-	"__stats__":    {query: (*client).stats},
-	"__help__":     {query: (*client).help},
-	"__events__":   {query: (*client).events},
-	"__cmdlog__":   {query: (*client).cmdlog},
-	"__put__":      {drive: (*task).put},
-	"__get__":      {drive: (*task).get},
-	"__shutdown__": {drive: (*task).shutdown},
-	"__snapshot__": {drive: (*task).capture},
-	"__park__":     {drive: (*task).capture},
-	cmdline.Shell:  {drive: (*task).shell},
+	"__info__":       {query: (*client).info},
+	"__stats__":      {query: (*client).stats},
+	"__help__":       {query: (*client).help},
+	"__events__":     {query: (*client).events},
+	"__cmdlog__":     {query: (*client).cmdlog},
+	"__screen__":     {query: (*client).screen},
+	"__screendiff__": {query: (*client).screenDiff},
+	"__frame__":      {query: (*client).frameDump},
+	"__framediff__":  {query: (*client).frameDiff},
+	"__put__":        {drive: (*task).put},
+	"__get__":        {drive: (*task).get},
+	"__shutdown__":   {drive: (*task).shutdown},
+	"__snapshot__":   {drive: (*task).capture},
+	"__park__":       {drive: (*task).capture},
+	cmdline.Shell:    {drive: (*task).shell},
 }
 
 // servedSet is the parser and help text for what handlers serve.

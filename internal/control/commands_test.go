@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/internal/cmdline"
+	"github.com/nethersandbox/nether/internal/cmdlog"
+	"github.com/nethersandbox/nether/internal/framebuf"
+	"github.com/nethersandbox/nether/internal/timeline"
 )
 
 // servedNames is what this build serves, as the protocol and the brief
@@ -18,7 +21,7 @@ import (
 var servedNames = []string{
 	"__info__", "__stats__", "__help__", "__put__", "__get__",
 	"__shutdown__", "__snapshot__", "__park__", cmdline.Shell,
-	"__events__", "__cmdlog__",
+	"__events__", "__cmdlog__", "__screen__", "__screendiff__", "__frame__", "__framediff__",
 }
 
 // Every handler is attached to an entry of cmdline's table and every
@@ -51,8 +54,11 @@ func TestHandlersMatchTable(t *testing.T) {
 	}
 	// Queries run from the reader, so nothing that drives the guest may
 	// be one: a primary-only command is always queued work.
+	// The diff commands are primary-only because the protocol keeps their
+	// state for one client, not because they drive anything: they read.
+	readsOnly := map[string]bool{"__screendiff__": true, "__framediff__": true}
 	for _, sp := range set.Specs() {
-		if sp.Access == cmdline.PrimaryOnly && !handlers[sp.Name].queued() {
+		if sp.Access == cmdline.PrimaryOnly && !handlers[sp.Name].queued() && !readsOnly[sp.Name] {
 			t.Errorf("%q drives the sandbox but is not queued", sp.Usage())
 		}
 	}
@@ -116,21 +122,33 @@ func TestServedCommandsFollowTable(t *testing.T) {
 		t.Run(sp.Usage(), func(t *testing.T) {
 			fb := newFake()
 			fb.up()
-			h := start(t, fb, 0, nil)
+			fb.display = &framebuf.Image{Width: 4, Height: 2, Pix: make([]byte, 4*2*3)}
+			h := start(t, fb, 0, func(s *Server) {
+				s.Observe = Observe{Events: timeline.New(time.Now(), nil, 0), Commands: cmdlog.New(0)}
+			})
 			primary := h.dial(t)
 			primary.roundTrip("__info__") // admitted first: the primary
 			observer := h.dial(t)
 			line := exampleLine(sp)
 
-			got := observer.roundTrip(line)
+			var got string
+			if sp.Reply == cmdline.Streamed {
+				observer.send(line)
+				got = observer.readStreamed()
+			} else {
+				got = observer.roundTrip(line)
+			}
 			refused := strings.HasPrefix(got, "ERR read-only observer: ") && strings.HasSuffix(got, "\x1e-1\n")
 			if refused != (sp.Access == cmdline.PrimaryOnly) {
 				t.Fatalf("observer %q: %q; the table says %v", line, trunc(got), sp.Access)
 			}
-			if sp.Reply != cmdline.Framed {
-				t.Skip("no served command is streamed yet")
-			}
 			primary.send(line)
+			if sp.Reply == cmdline.Streamed {
+				if got := primary.readStreamed(); strings.HasPrefix(got, "ERR") {
+					t.Fatalf("primary %q: %q", line, trunc(got))
+				}
+				return
+			}
 			body, exit, err := primary.tryFrame(5 * time.Second)
 			if err != nil {
 				t.Fatalf("primary %q: no framed reply: %v (body %q)", line, err, body)

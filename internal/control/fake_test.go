@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/internal/controltest"
+	"github.com/nethersandbox/nether/internal/framebuf"
 	"github.com/nethersandbox/nether/internal/meter"
+	"github.com/nethersandbox/nether/internal/screen"
 )
 
 // script is what the fake guest does for one shell command.
@@ -104,10 +106,16 @@ type fakeBackend struct {
 	// deaf, when set, makes those blocked calls, and WaitAgent without
 	// an agent, ignore their context: they wait for deaf to close.
 	deaf chan struct{}
+
+	// term is the console's terminal; display, when set, the frame the
+	// fake display shows (nil: no display).
+	term    *screen.Terminal
+	display *framebuf.Image
 }
 
 func newFake() *fakeBackend {
 	return &fakeBackend{
+		term:    screen.New(20, 4, 10),
 		agentUp: make(chan struct{}),
 		scripts: map[string]script{},
 		outs:    map[string][]*fakeOutput{},
@@ -254,6 +262,30 @@ func (f *fakeBackend) Park(ctx context.Context, path string) (string, error) {
 }
 
 func (f *fakeBackend) FinishPark() { f.parks.Add(1) }
+
+func (f *fakeBackend) Screen() ([]byte, error) { return f.term.Screen(), nil }
+
+func (f *fakeBackend) ScreenDiff(v *screen.View) ([]byte, error) { return f.term.Diff(v), nil }
+
+var errNoGPU = errors.New("needs gpu = 1 in nether.conf")
+
+func (f *fakeBackend) Frame(ctx context.Context) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.display == nil {
+		return nil, errNoGPU
+	}
+	return f.display.PPM(), nil
+}
+
+func (f *fakeBackend) FrameDiff(ctx context.Context, v *framebuf.View) ([]byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.display == nil {
+		return nil, errNoGPU
+	}
+	return v.Diff(*f.display, framebuf.DefaultTile), nil
+}
 
 func (f *fakeBackend) execCount() int {
 	f.mu.Lock()

@@ -8,6 +8,8 @@ import (
 
 	"github.com/nethersandbox/nether/internal/cmdline"
 	"github.com/nethersandbox/nether/internal/cmdlog"
+	"github.com/nethersandbox/nether/internal/framebuf"
+	"github.com/nethersandbox/nether/internal/screen"
 	"github.com/nethersandbox/nether/internal/timeline"
 )
 
@@ -104,4 +106,55 @@ func (c *client) cmdlog(cmdline.Command) {
 		return
 	}
 	c.replyStreamed(l.Reply())
+}
+
+// views is what a client keeps between its diff calls: the rows and the
+// tiles it was last sent.
+type views struct {
+	screen screen.View
+	frame  framebuf.View
+}
+
+// screen answers __screen__.
+func (c *client) screen(cmdline.Command) {
+	b, err := c.s.backend.Screen()
+	if err != nil {
+		c.errReply("__screen__: %v", err)
+		return
+	}
+	c.replyStreamed(b)
+}
+
+// screenDiff answers __screendiff__ against this client's last call.
+func (c *client) screenDiff(cmdline.Command) {
+	b, err := c.s.backend.ScreenDiff(&c.views.screen)
+	if err != nil {
+		c.errReply("__screendiff__: %v", err)
+		return
+	}
+	c.replyStreamed(b)
+}
+
+// frameDump answers __frame__.
+func (c *client) frameDump(cmd cmdline.Command) {
+	ctx, cancel := c.s.stoppable(c.ctx)
+	defer cancel()
+	b, err := c.s.backend.Frame(ctx)
+	if err != nil {
+		c.errReply("%s: %v", cmd.Name, oneLine(err.Error()))
+		return
+	}
+	c.replyStreamed(b)
+}
+
+// frameDiff answers __framediff__ against this client's last call.
+func (c *client) frameDiff(cmd cmdline.Command) {
+	ctx, cancel := c.s.stoppable(c.ctx)
+	defer cancel()
+	b, err := c.s.backend.FrameDiff(ctx, &c.views.frame)
+	if err != nil {
+		c.errReply("%s: %v", cmd.Name, oneLine(err.Error()))
+		return
+	}
+	c.replyStreamed(b)
 }

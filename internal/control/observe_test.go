@@ -1,6 +1,7 @@
 package control
 
 import (
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -41,6 +42,75 @@ func (c *conn) readLog(header string) (head string, lines []string) {
 		lines = append(lines, strings.TrimSuffix(l, "\n"))
 	}
 	return strings.TrimSuffix(head, "\n"), lines
+}
+
+// readStreamed reads one streamed reply by its header (or the framed ERR
+// a streamed command answers when it cannot run) and returns it whole.
+func (c *conn) readStreamed() string {
+	c.t.Helper()
+	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	defer c.c.SetReadDeadline(time.Time{})
+	head, err := c.br.ReadString('\n')
+	if err != nil {
+		c.t.Fatalf("reading a streamed header: %v (got %q)", err, head)
+	}
+	out := []byte(head)
+	f := strings.Fields(head)
+	lines := func(n string) {
+		count, err := strconv.Atoi(n)
+		if err != nil {
+			c.t.Fatalf("header %q: count %q", head, n)
+		}
+		for range count {
+			l, err := c.br.ReadString('\n')
+			if err != nil {
+				c.t.Fatalf("header %q: reading its lines: %v", head, err)
+			}
+			out = append(out, l...)
+		}
+	}
+	raw := func(n int) {
+		b := make([]byte, n)
+		if _, err := io.ReadFull(c.br, b); err != nil {
+			c.t.Fatalf("header %q: reading %d bytes: %v", head, n, err)
+		}
+		out = append(out, b...)
+	}
+	atoi := func(s string) int {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			c.t.Fatalf("header %q: %q is not a number", head, s)
+		}
+		return n
+	}
+	switch f[0] {
+	case "ERR":
+		body, exit := c.readFrame(10 * time.Second)
+		return string(out) + string(body) + "\x1e" + exit + "\n"
+	case "EVENTS":
+		lines(f[2])
+	case "CMDLOG", "SCREEN", "SCREENDIFF":
+		lines(f[1])
+	case "P6":
+		size, _ := c.br.ReadString('\n')
+		depth, _ := c.br.ReadString('\n')
+		out = append(out, size+depth...)
+		wh := strings.Fields(size)
+		raw(atoi(wh[0]) * atoi(wh[1]) * 3)
+	case "FRAMEDIFF":
+		for range atoi(f[4]) {
+			rec, err := c.br.ReadString('\n')
+			if err != nil {
+				c.t.Fatalf("FRAMEDIFF record: %v", err)
+			}
+			out = append(out, rec...)
+			r := strings.Fields(rec)
+			raw(atoi(r[2]) * atoi(r[3]) * 3)
+		}
+	default:
+		c.t.Fatalf("unknown streamed header %q", head)
+	}
+	return string(out)
 }
 
 func startObserved(t *testing.T, fb *fakeBackend) (*harness, *timeline.Timeline) {

@@ -23,7 +23,9 @@ import (
 	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/cmdline"
 	"github.com/nethersandbox/nether/internal/frame"
+	"github.com/nethersandbox/nether/internal/framebuf"
 	"github.com/nethersandbox/nether/internal/meter"
+	"github.com/nethersandbox/nether/internal/screen"
 )
 
 // ProtoVersion is the wire protocol this server speaks.
@@ -80,6 +82,15 @@ type Backend interface {
 	// reply is written the server calls FinishPark, which ends the process.
 	Park(ctx context.Context, path string) (string, error)
 	FinishPark()
+	// Screen renders the console's terminal (__screen__), and ScreenDiff
+	// the rows changed since v was last used (__screendiff__).
+	Screen() ([]byte, error)
+	ScreenDiff(v *screen.View) ([]byte, error)
+	// Frame is the display's scanout as a PPM (__frame__), and FrameDiff
+	// the tiles changed since v was last used (__framediff__); both fail
+	// with a reason a user can act on when there is no display.
+	Frame(ctx context.Context) ([]byte, error)
+	FrameDiff(ctx context.Context, v *framebuf.View) ([]byte, error)
 }
 
 // Server is the control socket server.
@@ -497,6 +508,9 @@ type client struct {
 	once   sync.Once
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// views is the client's diff state (__screendiff__, __framediff__),
+	// used only from its reader.
+	views views
 
 	// settled is closed when the work loop has ended: after Stop began,
 	// once it has ended the reply it owed and answered everything the
