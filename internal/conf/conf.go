@@ -65,6 +65,7 @@ type Config struct {
 	MaxCPUS      int64        // host CPU time of the guest
 	IdleTimeoutS int64        // no client connected and no command running
 	X402         bool         // settlement framing of the teardown record; default off
+	GPU          bool         // a display device; __frame__ and __framediff__ read its scanout
 	Accel        engine.Accel // default auto; the engine's own type, resolved there
 	Kernel       string       // "" = default image built by setup; else absolute path of a regular file
 	Image        string       // "" = default initramfs built by setup; else absolute path of a regular file
@@ -464,6 +465,9 @@ var fields = []field{
 			return ""
 		},
 		func(c *Config) string { return c.Hostname }},
+	{"gpu",
+		func(c *Config, v string) string { return setBool(&c.GPU, v) },
+		func(c *Config) string { return zeroOne(c.GPU) }},
 }
 
 func fieldByName(name string) *field {
@@ -481,7 +485,7 @@ var unsupported = map[string]struct{}{
 	"disk": {}, "disk_size_mb": {},
 	"app_port": {}, "data_socket": {}, "max_data_conns": {}, "data_idle_ms": {}, "data_rate_kbps": {},
 	"egress_port": {}, "egress_socket": {},
-	"run_as": {}, "gpu": {}, "snapshot_save": {},
+	"run_as": {}, "snapshot_save": {},
 }
 
 // setUint sets *dst to the unsigned decimal v.

@@ -290,6 +290,7 @@ func TestParseErrors(t *testing.T) {
 
 		// Booleans and enums.
 		{"x402 bad", "x402 = maybe", 1, "x402", `"maybe" is not a boolean`},
+		{"gpu bad", "gpu = 2", 1, "gpu", `"2" is not a boolean`},
 		{"restore bad", "restore = 2", 1, "restore", "not a boolean"},
 		{"snapshot_allow_dirty bad", "snapshot_allow_dirty = y", 1, "snapshot_allow_dirty", "not a boolean"},
 		{"park_dirty bad", "park_dirty = enable", 1, "park_dirty", "not a boolean"},
@@ -360,7 +361,7 @@ func TestParseErrors(t *testing.T) {
 	// distinct message, whatever its value looks like.
 	for _, k := range []string{
 		"net", "net_open", "net_allow", "net_block", "net_rate_kbps", "disk", "disk_size_mb", "app_port", "data_socket", "max_data_conns",
-		"data_idle_ms", "data_rate_kbps", "egress_port", "egress_socket", "run_as", "gpu", "snapshot_save",
+		"data_idle_ms", "data_rate_kbps", "egress_port", "egress_socket", "run_as", "snapshot_save",
 	} {
 		tests = append(tests, struct {
 			name, text string
@@ -600,18 +601,19 @@ func TestReport(t *testing.T) {
 		"fork_reseed=1",
 		"sandbox_id=",
 		"hostname=",
+		"gpu=0",
 	}
 	if got := c.Report(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Report =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	t.Run("identity", func(t *testing.T) {
-		c, err := parseString(t, "hostname = box-1\nsandbox_id = sb-1\n", dir)
+		c, err := parseString(t, "hostname = box-1\nsandbox_id = sb-1\ngpu = 1\n", dir)
 		if err != nil {
 			t.Fatal(err)
 		}
 		got := c.Report()
-		if tail := got[len(got)-2:]; !reflect.DeepEqual(tail, []string{"sandbox_id=sb-1", "hostname=box-1"}) {
-			t.Fatalf("Report ends %q, want sandbox_id=sb-1, hostname=box-1", tail)
+		if tail := got[len(got)-3:]; !reflect.DeepEqual(tail, []string{"sandbox_id=sb-1", "hostname=box-1", "gpu=1"}) {
+			t.Fatalf("Report ends %q, want sandbox_id=sb-1, hostname=box-1, gpu=1", tail)
 		}
 	})
 }

@@ -116,7 +116,7 @@ func (s *Session) Info() string {
 		{"snapshot", dash(v.snapshot)},
 		{"net", "off"},
 		{"firewall", "off"},
-		{"gpu", "off"},
+		{"gpu", onOff[s.cfg.GPU]},
 		{"data_plane", "off"},
 		{"egress_plane", "off"},
 		{"max_runtime_s", s.cfg.MaxRuntimeS},

@@ -1,9 +1,13 @@
 package session
 
 import (
+	"context"
+	"errors"
 	"fmt"
 
 	"github.com/nethersandbox/nether/internal/cmdlog"
+	"github.com/nethersandbox/nether/internal/framebuf"
+	"github.com/nethersandbox/nether/internal/screen"
 	"github.com/nethersandbox/nether/internal/snapshot"
 	"github.com/nethersandbox/nether/internal/timeline"
 )
@@ -51,4 +55,72 @@ func (s *Session) watchAgent() {
 		s.life("agent_up")
 	case <-s.ctx.Done():
 	}
+}
+
+// Screen geometry of the console's terminal: the guest's serial console
+// is 80x24 unless something in the guest resizes it, and a thousand
+// lines of scrollback keep a boot's worth of messages.
+const (
+	screenCols       = 80
+	screenRows       = 24
+	screenScrollback = 1000
+)
+
+// errNoGPU answers the frame commands of a sandbox without a display.
+var errNoGPU = errors.New("needs gpu = 1 in nether.conf")
+
+// Screen implements control.Backend.
+func (s *Session) Screen() ([]byte, error) {
+	if s.term == nil {
+		return nil, errors.New("the console has no terminal (console mode)")
+	}
+	return s.term.Screen(), nil
+}
+
+// ScreenDiff implements control.Backend.
+func (s *Session) ScreenDiff(v *screen.View) ([]byte, error) {
+	if s.term == nil {
+		return nil, errors.New("the console has no terminal (console mode)")
+	}
+	return s.term.Diff(v), nil
+}
+
+// Frame implements control.Backend: the display's scanout as a canonical
+// PPM, checked (the bytes are the engine's, and a client sizes its read
+// by the header).
+func (s *Session) Frame(ctx context.Context) ([]byte, error) {
+	img, err := s.scanout(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return img.PPM(), nil
+}
+
+// FrameDiff implements control.Backend.
+func (s *Session) FrameDiff(ctx context.Context, v *framebuf.View) ([]byte, error) {
+	img, err := s.scanout(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return v.Diff(img, framebuf.DefaultTile), nil
+}
+
+func (s *Session) scanout(ctx context.Context) (framebuf.Image, error) {
+	if !s.cfg.GPU {
+		return framebuf.Image{}, errNoGPU
+	}
+	select {
+	case <-s.ready:
+	default:
+		return framebuf.Image{}, errors.New("the display is not up yet: the sandbox is still starting")
+	}
+	ppm, err := s.machine.Screendump(ctx)
+	if err != nil {
+		return framebuf.Image{}, fmt.Errorf("reading the display: %w", err)
+	}
+	img, err := framebuf.ParsePPM(ppm)
+	if err != nil {
+		return framebuf.Image{}, fmt.Errorf("the engine's screendump: %w", err)
+	}
+	return img, nil
 }

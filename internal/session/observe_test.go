@@ -1,6 +1,8 @@
 package session
 
 import (
+	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nethersandbox/nether/client"
 	"github.com/nethersandbox/nether/internal/engine/fake"
 )
 
@@ -92,5 +95,80 @@ func TestEventsAndCmdLog(t *testing.T) {
 	_, cmds = logLines(t, mustRun(t, fc, "__cmdlog__"), 1)
 	if len(cmds) != 1 || !strings.HasSuffix(cmds[0], " true") {
 		t.Errorf("the fork's command log %q: want only its own command", cmds)
+	}
+}
+
+// The console's terminal and the display of a fake sandbox: __screen__
+// shows what the guest printed, __screendiff__ only what changed since the
+// client's last call, __frame__ a PPM of the display, __framediff__ its
+// changed tiles; a sandbox without gpu = 1 answers the frame commands with
+// an ERR naming the key.
+func TestScreenAndFrame(t *testing.T) {
+	eng := fake.New(slog.Default())
+	sb := start(t, eng, "", "gpu = 1")
+	c := sb.dial()
+	ctx := context.Background()
+	if info := infoOf(t, c); info["gpu"] != "on" {
+		t.Fatalf("__info__ gpu=%q, want on", info["gpu"])
+	}
+	mustRun(t, c, "console hello from the console")
+	waitScreen := func(want string) client.Screen {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			scr, err := c.Screen(ctx)
+			if err != nil {
+				t.Fatalf("__screen__: %v", err)
+			}
+			if strings.Contains(strings.Join(scr.Lines, "\n"), want) {
+				return scr
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("__screen__ never showed %q:\n%s", want, strings.Join(scr.Lines, "\n"))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	scr := waitScreen("hello from the console")
+	if scr.Cols != 80 || scr.Rows != 24 || len(scr.Grid()) != 24 {
+		t.Errorf("screen %dx%d with a grid of %d rows", scr.Cols, scr.Rows, len(scr.Grid()))
+	}
+	first, err := c.ScreenDiff(ctx)
+	if err != nil || len(first.Changed) != 24 {
+		t.Fatalf("first __screendiff__: %d rows, %v; want the whole grid", len(first.Changed), err)
+	}
+	if again, err := c.ScreenDiff(ctx); err != nil || len(again.Changed) != 0 {
+		t.Fatalf("__screendiff__ with nothing new: %+v, %v", again, err)
+	}
+	mustRun(t, c, "console second line")
+	waitScreen("second line")
+	diff, err := c.ScreenDiff(ctx)
+	if err != nil || len(diff.Changed) == 0 || len(diff.Changed) > 2 || !strings.Contains(diff.Changed[0].Text, "second line") {
+		t.Fatalf("__screendiff__ after one line: %+v, %v", diff, err)
+	}
+
+	frame, err := c.Frame(ctx)
+	if err != nil || frame.Width != fake.DisplayWidth || frame.Height != fake.DisplayHeight || len(frame.RGB) != frame.Width*frame.Height*3 {
+		t.Fatalf("__frame__: %dx%d, %d bytes, %v", frame.Width, frame.Height, len(frame.RGB), err)
+	}
+	fd, err := c.FrameDiff(ctx)
+	if err != nil || len(fd.Tiles) == 0 {
+		t.Fatalf("first __framediff__: %+v, %v", len(fd.Tiles), err)
+	}
+	if fd, err = c.FrameDiff(ctx); err != nil || len(fd.Tiles) != 0 {
+		t.Fatalf("__framediff__ with nothing new: %d tiles, %v", len(fd.Tiles), err)
+	}
+	mustRun(t, c, "draw 5 5")
+	if fd, err = c.FrameDiff(ctx); err != nil || len(fd.Tiles) != 1 || fd.Tiles[0].X != 0 || fd.Tiles[0].Y != 0 {
+		t.Fatalf("__framediff__ after one pixel: %+v, %v", fd.Tiles, err)
+	}
+
+	plain := start(t, eng, "", "")
+	pc := plain.dial()
+	for _, line := range []string{"__frame__", "__framediff__"} {
+		out, exit, err := run(t, pc, line)
+		if exit != -1 || !strings.Contains(out+fmt.Sprint(err), line+": needs gpu = 1 in nether.conf") {
+			t.Errorf("%s without gpu: %q exit %d err %v", line, out, exit, err)
+		}
 	}
 }

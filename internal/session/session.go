@@ -32,6 +32,7 @@ import (
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/jail"
 	"github.com/nethersandbox/nether/internal/meter"
+	"github.com/nethersandbox/nether/internal/screen"
 	"github.com/nethersandbox/nether/internal/snapshot"
 	"github.com/nethersandbox/nether/internal/timeline"
 )
@@ -108,6 +109,7 @@ type Session struct {
 	console *consolelog.Writer // set once the console pump runs
 	events  *timeline.Timeline // __events__
 	cmds    *cmdlog.Log        // __cmdlog__
+	term    *screen.Terminal   // the console's terminal (__screen__); nil in console mode
 	// consoleDone closes when the console pump has read the console to
 	// its end; set by assemble with the machine.
 	consoleDone <-chan struct{}
@@ -205,6 +207,8 @@ func (s *Session) run() (reason string, err error) {
 		if filepath.Dir(s.cfg.ControlSocket) == filepath.Clean(s.cfg.Dir) {
 			j.Protect(filepath.Base(s.cfg.ControlSocket))
 		}
+		s.term = screen.New(screenCols, screenRows, screenScrollback)
+		defer s.term.Close()
 		s.ctl = control.New(s.log, s, s.meter, s.cfg.MaxOutputBytes)
 		s.ctl.Observe = control.Observe{Events: s.events, Commands: s.cmds}
 		if err := s.ctl.Listen(s.cfg.ControlSocket); err != nil {
@@ -399,6 +403,10 @@ func (s *Session) pumpConsole(consoleMode bool, m engine.Machine) (<-chan struct
 	cl := consolelog.New(s.log, f, 0, s.cfg.ConsoleLogMaxBytes)
 	s.console = cl
 	var w io.Writer = cl
+	if s.term != nil {
+		// Both never fail and never block on the guest's bytes.
+		w = io.MultiWriter(cl, s.term)
+	}
 	console := m.Console()
 	if consoleMode {
 		w = io.MultiWriter(cl, neverFail{s.opt.Stdout})

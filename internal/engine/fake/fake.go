@@ -11,7 +11,8 @@
 // "hang" never ends, "reset" makes the agent abort the stream, "burn MS"
 // adds MS milliseconds to the engine's CPU usage, "sleep MS" ends after MS
 // milliseconds, "draw X Y" paints pixel X,Y of the display white, "resize
-// W H" gives the display a new, black frame; anything else is echoed back
+// W H" gives the display a new, black frame, "console TEXT" prints TEXT
+// on the serial console; anything else is echoed back
 // and exits 0. Files put into the guest, and the display's frame, live in
 // the fake's memory and cross captures.
 //
@@ -601,6 +602,10 @@ func (m *Machine) exec(st *channel.Stream, command string) {
 			st.CloseWrite([]byte("1"))
 			return
 		}
+		st.CloseWrite([]byte("0"))
+	case "console":
+		// What a guest prints on its serial console, as its tty sends it.
+		fmt.Fprintf(m.guestCon, "%s\r\n", arg)
 		st.CloseWrite([]byte("0"))
 	case "hang":
 		<-m.done
