@@ -370,12 +370,12 @@ func (s *Session) adoptOrphans(fork bool) {
 // fingerprintWith is everything a restore of this configuration must
 // match, with the engine described by info.
 func (s *Session) fingerprintWith(info engine.Info, accel engine.Accel) (snapshot.Fingerprint, error) {
-	return fingerprint(info, accel, s.cfg.CPUs, s.cfg.RAMMB, s.kernel, s.image, s.digests)
+	return fingerprint(info, accel, s.cfg, s.kernel, s.image, s.digests)
 }
 
 // fingerprint is what an artifact taken with this engine, accelerator,
 // shape and guest files records.
-func fingerprint(info engine.Info, accel engine.Accel, cpus, ramMB int, kernel, image string, d *digests) (snapshot.Fingerprint, error) {
+func fingerprint(info engine.Info, accel engine.Accel, cfg *conf.Config, kernel, image string, d *digests) (snapshot.Fingerprint, error) {
 	k, err := d.of(kernel)
 	if err != nil {
 		return snapshot.Fingerprint{}, err
@@ -386,7 +386,7 @@ func fingerprint(info engine.Info, accel engine.Accel, cpus, ramMB int, kernel, 
 	}
 	return snapshot.Fingerprint{
 		Engine: info.Backend, EngineVersion: info.Version, Machine: info.Machine, Accel: string(accel),
-		KernelSHA256: k, ImageSHA256: i, CPUs: cpus, RAMMB: ramMB,
+		KernelSHA256: k, ImageSHA256: i, CPUs: cfg.CPUs, RAMMB: cfg.RAMMB, GPU: cfg.GPU,
 	}, nil
 }
 
@@ -413,7 +413,7 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 		return "", err
 	}
 	kernel, image := GuestFiles(cfg, guestDir)
-	fp, err := fingerprint(info, accel, cfg.CPUs, cfg.RAMMB, kernel, image, newDigests(guestDir))
+	fp, err := fingerprint(info, accel, cfg, kernel, image, newDigests(guestDir))
 	if err != nil {
 		return "", err
 	}

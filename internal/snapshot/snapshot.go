@@ -98,6 +98,10 @@ type Fingerprint struct {
 	ImageSHA256   string `json:"image_sha256"`
 	CPUs          int    `json:"cpus"`
 	RAMMB         int    `json:"ram_mb"`
+	// GPU: the machine had a display (gpu = 1). Absent in artifacts of
+	// machines without one, including every artifact from before
+	// displays existed, which is what they were.
+	GPU bool `json:"gpu,omitempty"`
 }
 
 // FileInfo records one data file's size and checksums.
@@ -363,6 +367,9 @@ func (a *Artifact) Match(fp Fingerprint) error {
 		{"engine_version", have.EngineVersion, fp.EngineVersion},
 		{"machine", have.Machine, fp.Machine},
 		{"accel", have.Accel, fp.Accel},
+		// Before the kernel: gpu = 1 boots another kernel image, and
+		// the setting is what the user has to change.
+		{"gpu", zeroOne(have.GPU), zeroOne(fp.GPU)},
 		{"kernel_sha256", have.KernelSHA256, fp.KernelSHA256},
 		{"image_sha256", have.ImageSHA256, fp.ImageSHA256},
 		{"cpus", fmt.Sprint(have.CPUs), fmt.Sprint(fp.CPUs)},
@@ -377,6 +384,13 @@ func (a *Artifact) Match(fp Fingerprint) error {
 	return nil
 }
 
+func zeroOne(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}
+
 // Summary is the one line validate_snapshot prints on success.
 func (a *Artifact) Summary() string {
 	m := &a.Meta
@@ -385,7 +399,7 @@ func (a *Artifact) Summary() string {
 		kind += " (one-shot)"
 	}
 	fp := m.Fingerprint
-	return fmt.Sprintf("snapshot %s: ok kind=%s format=%d engine=%s %s machine=%s accel=%s cpus=%d ram_mb=%d ram=%s generation=%d created=%s",
-		a.Dir, kind, m.Format, fp.Engine, fp.EngineVersion, fp.Machine, fp.Accel, fp.CPUs, fp.RAMMB,
+	return fmt.Sprintf("snapshot %s: ok kind=%s format=%d engine=%s %s machine=%s accel=%s cpus=%d ram_mb=%d gpu=%s ram=%s generation=%d created=%s",
+		a.Dir, kind, m.Format, fp.Engine, fp.EngineVersion, fp.Machine, fp.Accel, fp.CPUs, fp.RAMMB, zeroOne(fp.GPU),
 		m.RAMMode, m.Identity.Generation, m.Created.UTC().Format(time.RFC3339))
 }
