@@ -3,6 +3,7 @@ package session
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"sort"
 
 	"github.com/nethersandbox/nether/internal/channel"
@@ -45,9 +46,13 @@ type components []Component
 // back on its own too, because the session drives it directly. newMux
 // rebuilds the channel from its section; with nil the components only
 // check their sections (validate_snapshot).
-func newComponents(newMux func(*channel.State) (*channel.Mux, error)) (components, *channelComponent) {
+// con carries the console's screen; nil (validate_snapshot) only checks.
+func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *consoleComponent) (components, *channelComponent) {
 	cc := &channelComponent{newMux: newMux}
-	return components{cc}, cc
+	if con == nil {
+		con = &consoleComponent{}
+	}
+	return components{cc, con}, cc
 }
 
 // save collects every component's section.
@@ -192,5 +197,61 @@ func (c *channelComponent) Restore(version int, data json.RawMessage) error {
 		return err
 	}
 	c.mux, c.restored = mux, mux
+	return nil
+}
+
+// consoleComponent carries the console's screen across a capture. The
+// serial console's picture lives on the host (a serial line has no video
+// memory), so without it a fork's __screen__ would start blank while its
+// guest sits at the prompt its base printed. The section holds the
+// console's newest bytes (up to consoleSectionMax), replayed into the
+// restored session's terminal before the guest resumes.
+type consoleComponent struct {
+	tail func() []byte    // the console's newest bytes; nil: nothing to save
+	term func() io.Writer // where a restore replays them; nil: check only
+}
+
+// consoleSectionMax bounds the replayed bytes: a screen and a good part
+// of its scrollback, and a hostile section costs no more than this.
+const consoleSectionMax = 16 << 10
+
+type consoleSection struct {
+	Tail []byte `json:"tail"`
+}
+
+func (c *consoleComponent) Name() string     { return "console" }
+func (c *consoleComponent) Version() int     { return 1 }
+func (c *consoleComponent) Required() bool   { return false }
+func (c *consoleComponent) Quiescent() error { return nil }
+func (c *consoleComponent) Freeze()          {}
+func (c *consoleComponent) Thaw()            {}
+
+func (c *consoleComponent) Save() (json.RawMessage, error) {
+	var sec consoleSection
+	if c.tail != nil {
+		sec.Tail = c.tail()
+		if len(sec.Tail) > consoleSectionMax {
+			sec.Tail = sec.Tail[len(sec.Tail)-consoleSectionMax:]
+		}
+	}
+	return json.Marshal(sec)
+}
+
+func (c *consoleComponent) Restore(version int, data json.RawMessage) error {
+	if data == nil {
+		return nil // an artifact from before the console was carried
+	}
+	var sec consoleSection
+	if err := json.Unmarshal(data, &sec); err != nil {
+		return fmt.Errorf("console section: %w", err)
+	}
+	if len(sec.Tail) > consoleSectionMax {
+		return fmt.Errorf("console section holds %d bytes, over the %d a capture writes", len(sec.Tail), consoleSectionMax)
+	}
+	if c.term != nil {
+		if w := c.term(); w != nil {
+			w.Write(sec.Tail)
+		}
+	}
 	return nil
 }

@@ -1,8 +1,10 @@
 package session
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -106,4 +108,49 @@ func TestComponentsDrained(t *testing.T) {
 	if err := comps.drained(); err == nil || !strings.Contains(err.Error(), "bridge: 4096 bytes") {
 		t.Fatalf("drained: %v", err)
 	}
+}
+
+func TestConsoleComponent(t *testing.T) {
+	t.Run("round trip", func(t *testing.T) {
+		var got bytes.Buffer
+		save := &consoleComponent{tail: func() []byte { return []byte("login: \x1b[1mhi\x1b[0m\r\n") }}
+		data, err := save.Save()
+		if err != nil {
+			t.Fatal(err)
+		}
+		load := &consoleComponent{term: func() io.Writer { return &got }}
+		if err := load.Restore(1, data); err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != "login: \x1b[1mhi\x1b[0m\r\n" {
+			t.Fatalf("replayed %q", got.String())
+		}
+	})
+	t.Run("saves at most the bound", func(t *testing.T) {
+		save := &consoleComponent{tail: func() []byte { return bytes.Repeat([]byte("x"), 3*consoleSectionMax) }}
+		data, err := save.Save()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sec consoleSection
+		if err := json.Unmarshal(data, &sec); err != nil || len(sec.Tail) != consoleSectionMax {
+			t.Fatalf("saved %d bytes (%v), want %d", len(sec.Tail), err, consoleSectionMax)
+		}
+	})
+	t.Run("refuses an oversized section", func(t *testing.T) {
+		data, _ := json.Marshal(consoleSection{Tail: make([]byte, consoleSectionMax+1)})
+		if err := (&consoleComponent{}).Restore(1, data); err == nil {
+			t.Fatal("an oversized console section was accepted")
+		}
+	})
+	t.Run("refuses garbage", func(t *testing.T) {
+		if err := (&consoleComponent{}).Restore(1, json.RawMessage(`{"tail": 5}`)); err == nil {
+			t.Fatal("a malformed console section was accepted")
+		}
+	})
+	t.Run("absent section is fine", func(t *testing.T) {
+		if err := (&consoleComponent{}).Restore(0, nil); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

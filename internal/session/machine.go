@@ -94,7 +94,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		RunDir: runDir, Display: s.cfg.GPU,
 	}
 
-	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) })
+	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }, s.consoleComponent())
 	var r *restoring
 	if s.cfg.Restore {
 		if r, err = s.openArtifact(ctx, &spec, comps); err != nil {
@@ -401,7 +401,7 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 	if err != nil {
 		return "", err
 	}
-	comps, _ := newComponents(nil)
+	comps, _ := newComponents(nil, nil)
 	if err := comps.check(art.Meta.Sections); err != nil {
 		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
 	}

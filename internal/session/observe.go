@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/nethersandbox/nether/internal/cmdlog"
 	"github.com/nethersandbox/nether/internal/framebuf"
@@ -54,6 +55,26 @@ func (s *Session) watchAgent() {
 	case <-s.agent.Up():
 		s.life("agent_up")
 	case <-s.ctx.Done():
+	}
+}
+
+// consoleComponent carries the console's screen across captures: its
+// newest bytes are saved from the console log and replayed into the
+// terminal on restore.
+func (s *Session) consoleComponent() *consoleComponent {
+	return &consoleComponent{
+		tail: func() []byte {
+			if s.console == nil {
+				return nil
+			}
+			return s.console.Tail()
+		},
+		term: func() io.Writer {
+			if s.term == nil {
+				return nil
+			}
+			return s.term
+		},
 	}
 }
 

@@ -172,3 +172,52 @@ func TestScreenAndFrame(t *testing.T) {
 		}
 	}
 }
+
+// A fork's screen starts as its base's was at the capture: the serial
+// console's picture is host state, carried in the artifact's console
+// section, not guest memory.
+func TestForkInheritsScreen(t *testing.T) {
+	eng := fake.New(slog.Default())
+	sb := start(t, eng, "", "")
+	c := sb.dial()
+	mustRun(t, c, "console the base was here")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		scr, err := c.Screen(context.Background())
+		if err == nil && strings.Contains(strings.Join(scr.Lines, "\n"), "the base was here") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the base's screen never showed its console line: %+v %v", scr, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	mustRun(t, c, "__snapshot__ base")
+	mustRun(t, c, "__shutdown__")
+	sb.expectEnd(5*time.Second, 0, "shutdown")
+	art := filepath.Join(t.TempDir(), "base")
+	if err := os.Rename(filepath.Join(sb.dir, "base"), art); err != nil {
+		t.Fatal(err)
+	}
+	fork := start(t, eng, "", "restore = 1\nrestore_from = "+art)
+	fc := fork.dial()
+	mustRun(t, fc, "console the fork is here")
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		scr, err := fc.Screen(context.Background())
+		text := strings.Join(scr.Lines, "\n")
+		if err == nil && strings.Contains(text, "the fork is here") {
+			if !strings.Contains(text, "the base was here") {
+				t.Fatalf("the fork's screen lost its base's console:\n%s", text)
+			}
+			if strings.Index(text, "the base was here") > strings.Index(text, "the fork is here") {
+				t.Fatalf("the fork's screen has its base's line after its own:\n%s", text)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the fork's screen never showed its own line: %q %v", text, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
