@@ -37,9 +37,9 @@ func main() {
 	if err := testharness.Build(repo, tmp, []string{"-tags", "nether_unobserved"}, "./cmd/nether"); err != nil {
 		fail(err)
 	}
-	on, onC := boot(filepath.Join(repo, "bin", "nether"), "gpu = 1")
+	on, onC := boot(repo, filepath.Join(repo, "bin", "nether"), "gpu = 1")
 	defer on.Close()
-	off, offC := boot(filepath.Join(tmp, "nether"), "gpu = 1")
+	off, offC := boot(repo, filepath.Join(tmp, "nether"), "gpu = 1")
 	defer off.Close()
 
 	// Both have the same machine (gpu = 1 included); only observation
@@ -64,8 +64,8 @@ func main() {
 	}
 }
 
-func boot(bin, conf string) (*testharness.Sandbox, *client.Client) {
-	sb, err := harness.StartBin(bin, conf)
+func boot(repo, bin, conf string) (*testharness.Sandbox, *client.Client) {
+	sb, err := harness.StartBin(repo, bin, conf)
 	if err != nil {
 		fail(err)
 	}

@@ -107,6 +107,9 @@ type Machine interface {
 	// Usage is the host cost of the machine so far (or in total, after
 	// Done).
 	Usage() Usage
+	// CPUTime is Usage's CPU alone, cheap enough to read twice for every
+	// command (the command log's cpu_ms).
+	CPUTime() time.Duration
 	// Info describes the engine for reports: name, version, machine type.
 	Info() Info
 	// PID is the engine process, for logs.

@@ -11,7 +11,7 @@ import (
 func TestFinalLine(t *testing.T) {
 	now := time.Unix(100, 0)
 	m := New(func() time.Time { return now }, 512, 2)
-	m.SetUsage(func() engine.Usage { return engine.Usage{CPU: 1500 * time.Millisecond, PeakRSS: 100<<20 + 1} })
+	m.SetUsage(func() engine.Usage { return engine.Usage{CPU: 1500 * time.Millisecond, PeakRSS: 100<<20 + 1} }, nil)
 	m.Command()
 	m.In(10)
 	m.Out(20)
@@ -81,7 +81,7 @@ func TestRead(t *testing.T) {
 			m := New(func() time.Time { return time.Unix(0, 0) }, 256, 1)
 			if tt.usage != nil {
 				u := *tt.usage
-				m.SetUsage(func() engine.Usage { return u })
+				m.SetUsage(func() engine.Usage { return u }, nil)
 			}
 			r := m.Read()
 			if r.CPUMS != tt.wantCPU || r.MemPeakMB != tt.wantPeakM || r.RAMMB != 256 || r.CPUs != 1 {
@@ -106,5 +106,20 @@ func TestSettle(t *testing.T) {
 	}
 	if again := m.Settle(); again != bill {
 		t.Fatalf("a second Settle changed the bill: %+v", again)
+	}
+}
+
+func TestCPU(t *testing.T) {
+	m := New(nil, 512, 1)
+	if got := m.CPU(); got != 0 {
+		t.Fatalf("CPU before the engine runs = %v, want 0", got)
+	}
+	m.SetUsage(func() engine.Usage { return engine.Usage{CPU: time.Second} }, nil)
+	if got := m.CPU(); got != time.Second {
+		t.Fatalf("CPU from Usage = %v, want 1s", got)
+	}
+	m.SetUsage(func() engine.Usage { return engine.Usage{CPU: time.Second} }, func() time.Duration { return 1234 * time.Microsecond })
+	if got := m.CPU(); got != 1234*time.Microsecond {
+		t.Fatalf("CPU from the cheap reading = %v, want 1.234ms", got)
 	}
 }

@@ -119,7 +119,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		return err
 	}
 	s.consoleDone = consoleDone
-	s.meter.SetUsage(m.Usage)
+	s.meter.SetUsage(m.Usage, m.CPUTime)
 	info := m.Info()
 	s.setView(func(v *view) { v.engine = info })
 	s.log.Info("guest starting", "engine", info.Backend, "version", info.Version, "machine", info.Machine,

@@ -37,17 +37,18 @@ func Repo() string {
 // after the control_socket line). Close stops it and removes both
 // directories.
 func Start(repo string, conf string) (*testharness.Sandbox, error) {
-	return StartBin(filepath.Join(repo, "bin", "nether"), conf)
+	return StartBin(repo, filepath.Join(repo, "bin", "nether"), conf)
 }
 
 // StartBin is Start with another nether binary (one built with other
-// tags, say).
-func StartBin(bin string, conf string) (*testharness.Sandbox, error) {
+// tags, say, outside bin/), booting the guest setup built in repo.
+func StartBin(repo, bin string, conf string) (*testharness.Sandbox, error) {
 	return testharness.Start(testharness.Options{
-		Bin:    bin,
-		Socket: "ctl.sock",
-		Conf:   strings.Split(strings.TrimRight(conf, "\n"), "\n"),
-		Args:   []string{"-log-level", "info"},
+		Bin:      bin,
+		GuestDir: filepath.Join(repo, "build", "guest"),
+		Socket:   "ctl.sock",
+		Conf:     strings.Split(strings.TrimRight(conf, "\n"), "\n"),
+		Args:     []string{"-log-level", "info"},
 	})
 }
 

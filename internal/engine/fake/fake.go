@@ -281,6 +281,9 @@ func (m *Machine) Usage() engine.Usage {
 	return engine.Usage{CPU: time.Duration(m.cpu.Load()), Observed: true}
 }
 
+// CPUTime implements engine.Machine.
+func (m *Machine) CPUTime() time.Duration { return time.Duration(m.cpu.Load()) }
+
 // Err implements engine.Machine.
 func (m *Machine) Err() error {
 	select {

@@ -557,6 +557,18 @@ func (m *Machine) Usage() engine.Usage {
 	return m.lastUse
 }
 
+// CPUTime implements engine.Machine: one system call while QEMU runs.
+func (m *Machine) CPUTime() time.Duration {
+	select {
+	case <-m.done:
+	default:
+		if cpu, ok := processCPU(m.cmd.Process.Pid); ok {
+			return cpu
+		}
+	}
+	return m.Usage().CPU
+}
+
 // clockTicks is USER_HZ, which Linux fixes at 100 for /proc on x86_64.
 const clockTicks = 100
 
