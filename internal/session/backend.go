@@ -123,6 +123,10 @@ func (s *Session) Info() string {
 		{"max_cpu_s", s.cfg.MaxCPUS},
 		{"idle_timeout_s", s.cfg.IdleTimeoutS},
 		{"net_rate_kbps", 0},
+		// The data-plane caps, 0 while this build has no data plane.
+		{"max_data_conns", 0},
+		{"data_idle_ms", 0},
+		{"data_rate_kbps", 0},
 		{"max_output_bytes", s.cfg.MaxOutputBytes},
 		{"max_transfer_bytes", s.cfg.MaxTransferBytes},
 		{"console_log_max_bytes", s.cfg.ConsoleLogMaxBytes},

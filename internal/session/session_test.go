@@ -728,3 +728,20 @@ func TestBudgets(t *testing.T) {
 		})
 	}
 }
+
+// __info__ reports every cap a platform may set, with 0 for off, so a
+// client can verify what it got.
+func TestInfoReportsEveryCap(t *testing.T) {
+	eng := fake.New(slog.Default())
+	sb := start(t, eng, "", "max_runtime_s = 60\nmax_cpu_s = 30\nidle_timeout_s = 20\nmax_output_bytes = 4096\n")
+	info := infoOf(t, sb.dial())
+	for key, want := range map[string]string{
+		"max_runtime_s": "60", "max_cpu_s": "30", "idle_timeout_s": "20", "max_output_bytes": "4096",
+		"net_rate_kbps": "0", "max_data_conns": "0", "data_idle_ms": "0", "data_rate_kbps": "0",
+		"gpu": "off", "net": "off", "data_plane": "off",
+	} {
+		if got, ok := info[key]; !ok || got != want {
+			t.Errorf("__info__ %s=%q (present %v), want %q", key, got, ok, want)
+		}
+	}
+}
