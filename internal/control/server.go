@@ -581,9 +581,17 @@ func (c *client) write(b []byte) error {
 	return nil
 }
 
-// reply writes a complete host-generated frame, waiting briefly for the
-// end of a relayed frame in progress so the two never interleave.
-func (c *client) reply(body string, exit int) {
+// reply writes a complete host-generated frame.
+func (c *client) reply(body string, exit int) { c.replyStreamed(frame.Framed(body, exit)) }
+
+func (c *client) errReply(format string, a ...any) {
+	c.reply("ERR "+fmt.Sprintf(format, a...), -1)
+}
+
+// replyStreamed writes a whole host-generated reply (a frame, or a
+// self-delimiting streamed reply), waiting briefly for the end of a
+// relayed frame in progress so the two never interleave.
+func (c *client) replyStreamed(b []byte) {
 	t := time.NewTimer(c.s.BoundaryWait)
 	defer t.Stop()
 	select {
@@ -592,25 +600,6 @@ func (c *client) reply(body string, exit int) {
 	case <-t.C:
 		// Stay serial is the contract; after the bounded wait we write
 		// anyway rather than hold the reply hostage to a long stream.
-	case <-c.done:
-		return
-	}
-	c.write(frame.Framed(body, exit))
-}
-
-func (c *client) errReply(format string, a ...any) {
-	c.reply("ERR "+fmt.Sprintf(format, a...), -1)
-}
-
-// replyStreamed writes a streamed (self-delimiting, trailer-less) reply,
-// with the same wait for a frame boundary as reply.
-func (c *client) replyStreamed(b []byte) {
-	t := time.NewTimer(c.s.BoundaryWait)
-	defer t.Stop()
-	select {
-	case c.frame <- struct{}{}:
-		defer func() { <-c.frame }()
-	case <-t.C:
 	case <-c.done:
 		return
 	}

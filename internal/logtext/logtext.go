@@ -18,23 +18,25 @@ func Escape(s string) string {
 	if clean(s) {
 		return s
 	}
-	var b strings.Builder
-	b.Grow(len(s) + 16)
+	return string(AppendEscaped(make([]byte, 0, len(s)+16), s))
+}
+
+// AppendEscaped appends s, escaped as Escape does, to dst.
+func AppendEscaped(dst []byte, s string) []byte {
+	const digits = "0123456789abcdef"
 	for i := 0; i < len(s); {
 		r, size := utf8.DecodeRuneInString(s[i:])
 		switch {
-		case r == utf8.RuneError && size <= 1:
-			hexByte(&b, s[i])
+		case r == utf8.RuneError && size <= 1, r < 0x20, r == 0x7f:
+			dst = append(dst, '\\', 'x', digits[s[i]>>4], digits[s[i]&0xf])
 		case r == '\\':
-			b.WriteString(`\\`)
-		case r < 0x20 || r == 0x7f:
-			hexByte(&b, byte(r))
+			dst = append(dst, '\\', '\\')
 		default:
-			b.WriteString(s[i : i+size])
+			dst = append(dst, s[i:i+size]...)
 		}
 		i += size
 	}
-	return b.String()
+	return dst
 }
 
 // clean reports whether s needs no escaping.
@@ -43,13 +45,6 @@ func clean(s string) bool {
 }
 
 func needsEscape(r rune) bool { return r < 0x20 || r == 0x7f || r == '\\' }
-
-func hexByte(b *strings.Builder, c byte) {
-	const digits = "0123456789abcdef"
-	b.WriteString(`\x`)
-	b.WriteByte(digits[c>>4])
-	b.WriteByte(digits[c&0xf])
-}
 
 // Truncate cuts s to at most max bytes on a rune boundary and says how
 // much was cut, so a log keeps a bounded prefix of an enormous command.

@@ -18,6 +18,8 @@ func TestEscape(t *testing.T) {
 		{"invalid utf8", "a\xffb\xc3", `a\xffb\xc3`},
 		{"utf8 with control", "é\t", `é\x09`},
 		{"empty", "", ""},
+		{"truncated rune", "cut\xe6\x97", `cut\xe6\x97`},
+		{"wide runes kept", "é日🙂", "é日🙂"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := Escape(tc.in); got != tc.want {

@@ -2,9 +2,10 @@ package screen
 
 import (
 	"strconv"
-	"unicode/utf8"
 
 	uv "github.com/charmbracelet/ultraviolet"
+
+	"github.com/nethersandbox/nether/internal/logtext"
 )
 
 // View is one client's record of the live grid as its last Diff returned
@@ -110,29 +111,9 @@ func appendRow(dst []byte, line uv.Line) []byte {
 		case c.Content == "" || c.Content == " ":
 			dst = append(dst, ' ')
 		default:
-			dst = appendEscaped(dst, c.Content)
+			dst = logtext.AppendEscaped(dst, c.Content)
 			end = len(dst)
 		}
 	}
 	return dst[:end]
-}
-
-// appendEscaped appends s with every byte a text field must not carry
-// written as \xNN: control bytes, DEL and bytes that are not valid UTF-8.
-// A backslash becomes \\, so the escaping can be undone.
-func appendEscaped(dst []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size <= 1, r < 0x20, r == 0x7f:
-			dst = append(dst, '\\', 'x', hex[s[i]>>4], hex[s[i]&0xf])
-		case r == '\\':
-			dst = append(dst, '\\', '\\')
-		default:
-			dst = append(dst, s[i:i+size]...)
-		}
-		i += size
-	}
-	return dst
 }

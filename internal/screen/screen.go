@@ -16,6 +16,8 @@ import (
 	"sync"
 
 	"github.com/charmbracelet/x/vt"
+
+	"github.com/nethersandbox/nether/internal/logtext"
 )
 
 // chunkSize is the most a single emulator Write is handed. The emulator
@@ -131,7 +133,7 @@ func (t *Terminal) restart(why any) {
 	t.replies.Close()
 	t.start(cols, rows)
 	msg := fmt.Sprintf("[nether: the terminal emulator failed on the guest's output and was reset: %v]", why)
-	t.emu.Write(append(appendEscaped(nil, msg[:min(len(msg), 200)]), crlf...))
+	t.emu.Write(append(logtext.AppendEscaped(nil, msg[:min(len(msg), 200)]), crlf...))
 }
 
 // Resize changes the size of the live grid. Text is not reflowed; the

@@ -259,27 +259,6 @@ func TestDiffViewsAreIndependent(t *testing.T) {
 	}
 }
 
-func TestEscape(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"plain", "plain"},
-		{`back\slash`, `back\\slash`},
-		{"tab\there", `tab\x09here`},
-		{"nl\n", `nl\x0a`},
-		{"rs\x1e us\x1f", `rs\x1e us\x1f`},
-		{"del\x7f", `del\x7f`},
-		{"bad\xff\xfe", `bad\xff\xfe`},
-		{"cut\xe6\x97", `cut\xe6\x97`},
-		{"é日🙂", "é日🙂"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.in, func(t *testing.T) {
-			if got := string(appendEscaped(nil, tt.in)); got != tt.want {
-				t.Errorf("appendEscaped(%q) = %q, want %q", tt.in, got, tt.want)
-			}
-		})
-	}
-}
-
 // within fails the test if f has not returned after d.
 func within(t *testing.T, d time.Duration, what string, f func()) {
 	t.Helper()
