@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nethersandbox/nether/client"
+	"github.com/nethersandbox/nether/internal/framebuf"
 )
 
 func observeCtx(t *testing.T) context.Context {
@@ -107,5 +109,136 @@ func TestTimelineAndCmdLog(t *testing.T) {
 	}
 	if flog, err := fc.CmdLog(ctx); err != nil || len(flog.Entries) != 0 {
 		t.Errorf("the fork's command log: %+v %v, want empty", flog, err)
+	}
+}
+
+// TestScreen: the serial console through the terminal emulator. A shell
+// runs on the console in control mode, so the screen shows its prompt;
+// text the guest prints on its console shows on __screen__;
+// __screendiff__ returns the whole grid first and nothing when nothing
+// changed.
+func TestScreen(t *testing.T) {
+	base := sharedBase(t)
+	sb := forkOf(t, base)
+	c := sb.dial()
+	ctx := observeCtx(t)
+	mustRun(t, c, "echo screen-marker-42 > /dev/console")
+	var scr client.Screen
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		if scr, err = c.Screen(ctx); err != nil {
+			t.Fatalf("__screen__: %v", err)
+		}
+		if strings.Contains(strings.Join(scr.Lines, "\n"), "screen-marker-42") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("__screen__ never showed what the guest printed:\n%s", strings.Join(scr.Lines, "\n"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("screen (%dx%d, cursor %d,%d):\n%s", scr.Cols, scr.Rows, scr.CursorRow, scr.CursorCol, strings.Join(scr.Grid(), "\n"))
+	if scr.Cols != 80 || scr.Rows != 24 {
+		t.Errorf("screen is %dx%d, want 80x24", scr.Cols, scr.Rows)
+	}
+	if !strings.Contains(strings.Join(scr.Lines, "\n"), "# ") {
+		t.Errorf("no shell prompt on the console's screen")
+	}
+	first, err := c.ScreenDiff(ctx)
+	if err != nil || len(first.Changed) != scr.Rows {
+		t.Fatalf("first __screendiff__: %d rows, %v; want all %d", len(first.Changed), err, scr.Rows)
+	}
+	again, err := c.ScreenDiff(ctx)
+	if err != nil || len(again.Changed) != 0 {
+		t.Fatalf("__screendiff__ with nothing printed since: %+v, %v", again.Changed, err)
+	}
+	// An observer may read the screen, not the primary's diff.
+	obs := sb.dial()
+	if _, err := obs.Screen(ctx); err != nil {
+		t.Errorf("observer __screen__: %v", err)
+	}
+	if _, err := obs.ScreenDiff(ctx); err == nil || !strings.Contains(err.Error(), "read-only observer") {
+		t.Errorf("observer __screendiff__: %v, want the read-only refusal", err)
+	}
+}
+
+// TestFrame: a gpu = 1 sandbox's display. __frame__ decodes as a PPM of
+// the size it reports; text written to the guest's first VT changes
+// tiles of __framediff__; a sandbox without gpu = 1 answers ERR naming
+// the key; and a gpu = 1 restore of a base captured without a display is
+// refused by name before any guest runs.
+func TestFrame(t *testing.T) {
+	base := sharedBase(t)
+	sb := start(t, "gpu = 1")
+	c := sb.dial()
+	ctx := observeCtx(t)
+	if info := sb.info(c); info["gpu"] != "on" {
+		t.Fatalf("__info__ gpu=%q", info["gpu"])
+	}
+	mustRun(t, c, "true") // the guest is up
+	var raw bytes.Buffer
+	if _, err := c.Run(ctx, "__frame__", &raw); err != nil {
+		t.Fatalf("__frame__: %v", err)
+	}
+	img, err := framebuf.ParsePPM(raw.Bytes())
+	if err != nil {
+		t.Fatalf("__frame__ is not a PPM: %v", err)
+	}
+	if img.Width < 320 || img.Height < 200 || len(img.Pix) != img.Width*img.Height*3 {
+		t.Fatalf("__frame__ is %dx%d with %d bytes of pixels", img.Width, img.Height, len(img.Pix))
+	}
+	t.Logf("frame %dx%d", img.Width, img.Height)
+	first, err := c.FrameDiff(ctx)
+	if err != nil || first.Width != img.Width || first.Height != img.Height {
+		t.Fatalf("first __framediff__: %dx%d, %v", first.Width, first.Height, err)
+	}
+	var whole client.Frame
+	first.Apply(&whole)
+	mustRun(t, c, "printf '\\033[2J\\033[H%s\\n' 'FRAME MARKER FRAME MARKER FRAME MARKER' > /dev/tty1")
+	var changed int
+	deadline := time.Now().Add(20 * time.Second)
+	for changed < 2 && time.Now().Before(deadline) {
+		d, err := c.FrameDiff(ctx)
+		if err != nil {
+			t.Fatalf("__framediff__: %v", err)
+		}
+		d.Apply(&whole)
+		changed += len(d.Tiles)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if changed < 2 {
+		t.Fatalf("writing to /dev/tty1 changed %d tiles of the display", changed)
+	}
+	now, err := c.Frame(ctx)
+	if err != nil {
+		t.Fatalf("__frame__: %v", err)
+	}
+	if !bytes.Equal(now.RGB, whole.RGB) {
+		// The VGA cursor blinks: allow a tile's worth of difference.
+		diff := 0
+		for i := range now.RGB {
+			if now.RGB[i] != whole.RGB[i] {
+				diff++
+			}
+		}
+		if diff > 64*64*3 {
+			t.Errorf("the frame rebuilt from diffs differs from __frame__ in %d bytes", diff)
+		}
+	}
+
+	plain := forkOf(t, base)
+	pc := plain.dial()
+	for _, line := range []string{"__frame__", "__framediff__"} {
+		if body, exit := run(t, pc, line); exit != -1 || !strings.Contains(body, "needs gpu = 1 in nether.conf") {
+			t.Errorf("%s without gpu: %q exit %d", line, body, exit)
+		}
+	}
+	refused := spawn(t, t.TempDir(), "restore = 1", "restore_from = "+base, "gpu = 1")
+	if err := refused.h.Wait(time.Minute); err != nil {
+		t.Fatalf("a gpu = 1 restore of a base without a display: %v", err)
+	}
+	if stderr := refused.stderr.String(); refused.h.ExitCode() == 0 || !strings.Contains(stderr, "was taken with gpu=0; this nether has gpu=1") {
+		t.Errorf("a gpu = 1 restore of a base without a display: exit %d, stderr %q", refused.h.ExitCode(), tail(stderr, 600))
 	}
 }
