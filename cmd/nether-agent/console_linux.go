@@ -189,3 +189,16 @@ func (b *backoff) next(ran time.Duration) time.Duration {
 	}
 	return b.cur
 }
+
+// clearDisplay clears the first virtual terminal, which a display
+// (gpu = 1) shows: the firmware's boot banner is still on it, and the
+// guest's programs should start on a blank screen. Without a display the
+// terminal is the kernel's dummy console and the write costs nothing.
+func clearDisplay() {
+	f, err := os.OpenFile("/dev/tty1", os.O_WRONLY|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	f.WriteString("\x1b[H\x1b[2J")
+}

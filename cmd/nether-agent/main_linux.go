@@ -49,6 +49,7 @@ func main() {
 		// Control mode: a login shell on the serial console, for
 		// __screen__ (never on the host's terminal when run by hand).
 		startConsoleShell(r, log, params)
+		clearDisplay()
 	}
 
 	port, err := openPort(portName, 20*time.Second)
