@@ -20,6 +20,7 @@ type Meter struct {
 	cpus     int
 	usage    atomic.Pointer[func() engine.Usage]
 	cpu      atomic.Pointer[func() time.Duration]
+	net      atomic.Pointer[func() Net]
 	commands atomic.Uint64
 	bytesIn  atomic.Uint64
 	bytesOut atomic.Uint64
@@ -68,12 +69,18 @@ func (m *Meter) In(n int) { m.bytesIn.Add(uint64(n)) }
 // Out counts bytes sent to clients (replies and downloaded files).
 func (m *Meter) Out(n int) { m.bytesOut.Add(uint64(n)) }
 
+// Net is a reading of the guest's network: payload bytes the guest sent
+// out (Tx) and received (Rx) through nether's NAT, and the connection
+// attempts the firewall or a cap refused (Blocked).
+type Net struct {
+	Tx, Rx, Blocked uint64
+}
+
+// SetNet gives the meter the network stack's counters once it exists. A
+// session without networking never calls it, and reports zeros.
+func (m *Meter) SetNet(f func() Net) { m.net.Store(&f) }
+
 // Record is one reading of every metered field.
-//
-// The network counters of the reports (net_tx, net_rx, net_blocked) have
-// no field: this build gives the guest no network (nether.conf refuses the
-// net keys), so they are always 0. The reports still carry them, because
-// the control protocol lists them and platforms parse them.
 type Record struct {
 	UptimeMS  int64
 	CPUMS     int64
@@ -83,6 +90,7 @@ type Record struct {
 	Commands  uint64
 	BytesIn   uint64
 	BytesOut  uint64
+	Net       Net
 }
 
 // Settle takes the session's last reading and keeps it: every later Read
@@ -115,6 +123,9 @@ func (m *Meter) Read() Record {
 		r.CPUMS = u.CPU.Milliseconds()
 		r.MemPeakMB = (u.PeakRSS + (1<<20 - 1)) >> 20
 	}
+	if f := m.net.Load(); f != nil {
+		r.Net = (*f)()
+	}
 	return r
 }
 
@@ -125,7 +136,7 @@ func (r Record) Stats() string {
 		{"uptime_ms", r.UptimeMS}, {"cpu_ms", r.CPUMS}, {"mem_peak_mb", r.MemPeakMB},
 		{"ram_mb", r.RAMMB}, {"cpus", r.CPUs}, {"commands", r.Commands},
 		{"bytes_in", r.BytesIn}, {"bytes_out", r.BytesOut},
-		{"net_tx_bytes", 0}, {"net_rx_bytes", 0}, {"net_blocked", 0},
+		{"net_tx_bytes", r.Net.Tx}, {"net_rx_bytes", r.Net.Rx}, {"net_blocked", r.Net.Blocked},
 	} {
 		fmt.Fprintf(&b, "%s=%v\n", kv[0], kv[1])
 	}
@@ -135,8 +146,8 @@ func (r Record) Stats() string {
 // Fields renders the record's fields on one line, as the final usage
 // record carries them.
 func (r Record) Fields() string {
-	return fmt.Sprintf("uptime_ms=%d cpu_ms=%d mem_peak_mb=%d ram_mb=%d cpus=%d commands=%d bytes_in=%d bytes_out=%d net_tx=0 net_rx=0 net_blocked=0",
-		r.UptimeMS, r.CPUMS, r.MemPeakMB, r.RAMMB, r.CPUs, r.Commands, r.BytesIn, r.BytesOut)
+	return fmt.Sprintf("uptime_ms=%d cpu_ms=%d mem_peak_mb=%d ram_mb=%d cpus=%d commands=%d bytes_in=%d bytes_out=%d net_tx=%d net_rx=%d net_blocked=%d",
+		r.UptimeMS, r.CPUMS, r.MemPeakMB, r.RAMMB, r.CPUs, r.Commands, r.BytesIn, r.BytesOut, r.Net.Tx, r.Net.Rx, r.Net.Blocked)
 }
 
 // Stop reasons in the final record.

@@ -123,3 +123,26 @@ func TestCPU(t *testing.T) {
 		t.Fatalf("CPU from the cheap reading = %v, want 1.234ms", got)
 	}
 }
+
+func TestNetCounters(t *testing.T) {
+	m := New(nil, 512, 1)
+	if r := m.Read(); !strings.Contains(r.Fields(), "net_tx=0 net_rx=0 net_blocked=0") || !strings.Contains(r.Stats(), "net_blocked=0\n") {
+		t.Fatalf("without a network: %s / %s", r.Fields(), r.Stats())
+	}
+	m.SetNet(func() Net { return Net{Tx: 100, Rx: 2000, Blocked: 3} })
+	r := m.Read()
+	if !strings.HasSuffix(r.Fields(), "net_tx=100 net_rx=2000 net_blocked=3") {
+		t.Errorf("Fields() = %s", r.Fields())
+	}
+	for _, want := range []string{"net_tx_bytes=100\n", "net_rx_bytes=2000\n", "net_blocked=3\n"} {
+		if !strings.Contains(r.Stats(), want) {
+			t.Errorf("Stats() has no %q:\n%s", want, r.Stats())
+		}
+	}
+	// A settled bill keeps its network figures.
+	m.Settle()
+	m.SetNet(func() Net { return Net{Tx: 1 << 40} })
+	if got := m.Read().Net; got != (Net{Tx: 100, Rx: 2000, Blocked: 3}) {
+		t.Errorf("after Settle: %+v", got)
+	}
+}
