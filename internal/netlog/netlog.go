@@ -1,0 +1,97 @@
+// Package netlog is a session's egress audit, the body of __netlog__:
+// every new flow the guest attempted, with the firewall's verdict.
+package netlog
+
+import (
+	"net/netip"
+	"strconv"
+	"sync"
+)
+
+// DefaultCapacity is how many flows the log keeps; older ones are
+// dropped and counted. A guest that floods connection attempts fills it
+// with its flood, never more memory.
+const DefaultCapacity = 4096
+
+// Entry is one flow attempt.
+type Entry struct {
+	MS      int64  // when, in milliseconds since the session began
+	Proto   string // TCP, UDP or ICMP
+	Dst     netip.AddrPort
+	Allowed bool
+}
+
+// Log is safe for concurrent use.
+type Log struct {
+	mu      sync.Mutex
+	ring    []Entry
+	n       uint64
+	dropped uint64
+}
+
+// New makes a log of capacity entries (≤ 0: DefaultCapacity).
+func New(capacity int) *Log {
+	if capacity <= 0 {
+		capacity = DefaultCapacity
+	}
+	return &Log{ring: make([]Entry, capacity)}
+}
+
+// Add records a flow attempt.
+func (l *Log) Add(e Entry) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	size := uint64(len(l.ring))
+	if l.n >= size {
+		l.dropped++
+	}
+	l.ring[l.n%size] = e
+	l.n++
+}
+
+// Entries returns the entries held, oldest first, and how many older ones
+// were dropped.
+func (l *Log) Entries() (entries []Entry, dropped uint64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	size := uint64(len(l.ring))
+	first := uint64(0)
+	if l.n > size {
+		first = l.n - size
+	}
+	for i := first; i < l.n; i++ {
+		entries = append(entries, l.ring[i%size])
+	}
+	return entries, l.dropped
+}
+
+// Reply renders the __netlog__ reply: "NETLOG <count>[ dropped=<n>]",
+// then "<ms> <TCP|UDP|ICMP> <ip>:<port> <ALLOW|BLOCK>" per flow, oldest
+// first.
+func (l *Log) Reply() []byte {
+	entries, dropped := l.Entries()
+	b := make([]byte, 0, 32+len(entries)*40)
+	b = append(b, "NETLOG "...)
+	b = strconv.AppendInt(b, int64(len(entries)), 10)
+	if dropped > 0 {
+		b = append(b, " dropped="...)
+		b = strconv.AppendUint(b, dropped, 10)
+	}
+	b = append(b, '\n')
+	for _, e := range entries {
+		b = strconv.AppendInt(b, e.MS, 10)
+		b = append(b, ' ')
+		b = append(b, e.Proto...)
+		b = append(b, ' ')
+		b = e.Dst.AppendTo(b)
+		if e.Allowed {
+			b = append(b, " ALLOW\n"...)
+		} else {
+			b = append(b, " BLOCK\n"...)
+		}
+	}
+	return b
+}
