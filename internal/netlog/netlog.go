@@ -16,7 +16,7 @@ const DefaultCapacity = 4096
 // Entry is one flow attempt.
 type Entry struct {
 	MS      int64  // when, in milliseconds since the session began
-	Proto   string // TCP, UDP or ICMP
+	Proto   string // TCP or UDP, as the protocol spells the netlog
 	Dst     netip.AddrPort
 	Allowed bool
 }
@@ -69,7 +69,7 @@ func (l *Log) Entries() (entries []Entry, dropped uint64) {
 }
 
 // Reply renders the __netlog__ reply: "NETLOG <count>[ dropped=<n>]",
-// then "<ms> <TCP|UDP|ICMP> <ip>:<port> <ALLOW|BLOCK>" per flow, oldest
+// then "<ms> <TCP|UDP> <ip>:<port> <ALLOW|BLOCK>" per flow, oldest
 // first.
 func (l *Log) Reply() []byte {
 	entries, dropped := l.Entries()
