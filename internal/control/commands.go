@@ -36,6 +36,7 @@ var handlers = map[string]handler{
 	"__help__":       {query: (*client).help},
 	"__events__":     {query: (*client).events},
 	"__cmdlog__":     {query: (*client).cmdlog},
+	"__netlog__":     {query: (*client).netlog},
 	"__screen__":     {query: (*client).screen},
 	"__screendiff__": {query: (*client).screenDiff},
 	"__frame__":      {query: (*client).frameDump},

@@ -12,6 +12,7 @@ import (
 	"github.com/nethersandbox/nether/internal/cmdline"
 	"github.com/nethersandbox/nether/internal/cmdlog"
 	"github.com/nethersandbox/nether/internal/framebuf"
+	"github.com/nethersandbox/nether/internal/netlog"
 	"github.com/nethersandbox/nether/internal/timeline"
 )
 
@@ -21,7 +22,7 @@ import (
 var servedNames = []string{
 	"__info__", "__stats__", "__help__", "__put__", "__get__",
 	"__shutdown__", "__snapshot__", "__park__", cmdline.Shell,
-	"__events__", "__cmdlog__", "__screen__", "__screendiff__", "__frame__", "__framediff__",
+	"__events__", "__cmdlog__", "__netlog__", "__screen__", "__screendiff__", "__frame__", "__framediff__",
 }
 
 // Every handler is attached to an entry of cmdline's table and every
@@ -124,7 +125,7 @@ func TestServedCommandsFollowTable(t *testing.T) {
 			fb.up()
 			fb.display = &framebuf.Image{Width: 4, Height: 2, Pix: make([]byte, 4*2*3)}
 			h := start(t, fb, 0, func(s *Server) {
-				s.Observe = Observe{Events: timeline.New(time.Now(), nil, 0), Commands: cmdlog.New(0)}
+				s.Observe = Observe{Events: timeline.New(time.Now(), nil, 0), Commands: cmdlog.New(0), Flows: netlog.New(0)}
 			})
 			primary := h.dial(t)
 			primary.roundTrip("__info__") // admitted first: the primary

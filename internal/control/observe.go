@@ -9,6 +9,7 @@ import (
 	"github.com/nethersandbox/nether/internal/cmdline"
 	"github.com/nethersandbox/nether/internal/cmdlog"
 	"github.com/nethersandbox/nether/internal/framebuf"
+	"github.com/nethersandbox/nether/internal/netlog"
 	"github.com/nethersandbox/nether/internal/screen"
 	"github.com/nethersandbox/nether/internal/timeline"
 )
@@ -19,6 +20,8 @@ import (
 type Observe struct {
 	Events   *timeline.Timeline
 	Commands *cmdlog.Log
+	// Flows is the egress audit; nil when the sandbox has no network.
+	Flows *netlog.Log
 }
 
 // cmdSeq numbers the commands of a session in the order they started, so
@@ -96,6 +99,16 @@ func (c *client) events(cmd cmdline.Command) {
 		cursor = v
 	}
 	c.replyStreamed(tl.Reply(cursor))
+}
+
+// netlog answers __netlog__.
+func (c *client) netlog(cmdline.Command) {
+	l := c.s.Observe.Flows
+	if l == nil {
+		c.errReply("__netlog__: needs net = 1 in nether.conf")
+		return
+	}
+	c.replyStreamed(l.Reply())
 }
 
 // cmdlog answers __cmdlog__.

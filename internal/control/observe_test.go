@@ -89,7 +89,7 @@ func (c *conn) readStreamed() string {
 		return string(out) + string(body) + "\x1e" + exit + "\n"
 	case "EVENTS":
 		lines(f[2])
-	case "CMDLOG", "SCREEN", "SCREENDIFF":
+	case "CMDLOG", "NETLOG", "SCREEN", "SCREENDIFF":
 		lines(f[1])
 	case "P6":
 		size, _ := c.br.ReadString('\n')
@@ -197,7 +197,7 @@ func TestObserveOff(t *testing.T) {
 	fb.up()
 	h := start(t, fb, 0, nil)
 	c := h.dial(t)
-	for _, line := range []string{"__events__", "__cmdlog__"} {
+	for _, line := range []string{"__events__", "__cmdlog__", "__netlog__"} {
 		if got := c.roundTrip(line); !strings.HasPrefix(got, "ERR ") || !strings.HasSuffix(got, "\x1e-1\n") {
 			t.Errorf("%s with observation off: %q", line, got)
 		}

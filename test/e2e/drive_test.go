@@ -153,7 +153,7 @@ func TestDrive(t *testing.T) {
 			{"__bogus__", "unknown command"},
 			{"__get__ a b c", "exactly 2"},
 			{"__put__ onlyone", "exactly 2"},
-			{"__netlog__", "unknown command"}, // a protocol verb this build does not serve (net is issue 8)
+			{"__netlog__", "needs net = 1 in nether.conf"},
 			{"__events__ -1", "non-negative integer"},
 			{"__snapshot__ a b", "argument"},
 		} {
