@@ -91,6 +91,10 @@ type Options struct {
 	// Stdout, when set, receives a copy of nether's standard output as it
 	// is written (Sandbox.Stdout keeps everything either way).
 	Stdout io.Writer
+	// NetNS, when set, runs nether inside that network namespace through
+	// `ip netns exec`, which execs it under the same pid and binds
+	// /etc/netns/<NetNS>/{hosts,resolv.conf} over /etc's when they exist.
+	NetNS string
 }
 
 // Buffer is a goroutine-safe bytes.Buffer.
@@ -182,7 +186,11 @@ func Start(o Options) (*Sandbox, error) {
 			return fail(err)
 		}
 	}
-	sb.Cmd = exec.Command(o.Bin, o.Args...)
+	if o.NetNS != "" {
+		sb.Cmd = exec.Command("ip", append([]string{"netns", "exec", o.NetNS, o.Bin}, o.Args...)...)
+	} else {
+		sb.Cmd = exec.Command(o.Bin, o.Args...)
+	}
 	sb.Cmd.Dir = sb.Dir
 	env := append(os.Environ(), "TMPDIR="+sb.TmpDir)
 	if o.GuestDir != "" {
