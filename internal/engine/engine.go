@@ -44,11 +44,21 @@ type Spec struct {
 	// Machine.Screendump. It is part of the device set: a restore must
 	// ask for the display the artifact was captured with.
 	Display bool
+	// NIC gives the guest a network card (net = 1) with the MAC NICMAC,
+	// whose frames the host reads and writes through Machine.NIC. It is
+	// part of the device set, as Display is.
+	NIC bool
 
-	// Devices the next planes add (a NIC, block devices) join Spec here
-	// as endpoint descriptions, and Machine grows the matching endpoint
+	// Devices the next planes add (block devices) join Spec here as
+	// endpoint descriptions, and Machine grows the matching endpoint
 	// accessors; the session passes them through untouched.
 }
+
+// NICMAC is the guest NIC's hardware address: fixed, so a fork's NIC is
+// the one its base had (the guest's ARP caches and the host stack agree
+// across a restore). Every sandbox has a link of its own, so one address
+// for all of them never collides.
+const NICMAC = "52:54:00:12:34:56"
 
 // Incoming is a committed artifact to restore.
 type Incoming struct {
@@ -136,6 +146,20 @@ type Machine interface {
 	// ErrNoDisplay on a machine started without Spec.Display. It works
 	// on a paused machine too.
 	Screendump(ctx context.Context) ([]byte, error)
+
+	// NIC is the host end of the guest NIC's frame channel, nil on a
+	// machine started without Spec.NIC: a Unix socket carrying one raw
+	// Ethernet frame (no virtio-net header, no length prefix) per
+	// message in each direction. A write that finds the guest's receive
+	// ring full waits (or fails with EAGAIN on a non-blocking write);
+	// frames are never cut or merged. A restored machine has a new one:
+	// frames in flight at capture are lost, as on a real link.
+	//
+	// The machine owns it: reads see end-of-file once the engine process
+	// has exited, and the machine closes it then. Use it through the
+	// *os.File (Read, Write, SyscallConn), never through its descriptor
+	// number, which a close frees for reuse.
+	NIC() *os.File
 }
 
 // Usage is what the machine cost the host.

@@ -18,6 +18,12 @@
 //
 // A machine started with Spec.Display has a DisplayWidth x DisplayHeight
 // display, black at boot, read with Screendump.
+//
+// A machine started with Spec.NIC has a NIC whose frame channel is a
+// SOCK_SEQPACKET socketpair, as QEMU's is: NIC is the host end, GuestNIC
+// the guest's. The fake guest never reads or writes frames itself; a test
+// plays the guest on GuestNIC. Frames the host writes wait there, as in a
+// guest that does not read its ring, until the channel's buffer is full.
 package fake
 
 import (
@@ -35,6 +41,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/channel"
@@ -136,9 +144,17 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (engine.Machine, e
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	var hostNIC, guestNIC *os.File
+	if spec.NIC {
+		var err error
+		if hostNIC, guestNIC, err = nicPair(); err != nil {
+			return nil, err
+		}
+	}
 	hostCh, guestCh := net.Pipe()
 	hostCon, guestCon := net.Pipe()
 	m := &Machine{
+		hostNIC: hostNIC, guestNIC: guestNIC,
 		log: e.Log, faults: f, spec: spec,
 		hostCh: hostCh, guestCh: guestCh, hostCon: hostCon, guestCon: guestCon,
 		done: make(chan struct{}), files: map[string][]byte{}, running: make(chan struct{}),
@@ -154,8 +170,14 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (engine.Machine, e
 			return nil, fmt.Errorf("restoring %s: decoding the fake section: %w", in.Dir, err)
 		}
 		if sec.Display != spec.Display {
+			m.end(nil)
 			return nil, fmt.Errorf("restoring %s: %w: the artifact was captured with gpu = %t and this sandbox has gpu = %t",
 				in.Dir, engine.ErrDeviceMismatch, sec.Display, spec.Display)
+		}
+		if sec.NIC != spec.NIC {
+			m.end(nil)
+			return nil, fmt.Errorf("restoring %s: %w: the artifact was captured with net = %d and this sandbox has net = %d",
+				in.Dir, engine.ErrDeviceMismatch, b2i(sec.NIC), b2i(spec.NIC))
 		}
 	} else {
 		m.guest = channel.New(channel.Guest, e.Log)
@@ -193,6 +215,10 @@ type Machine struct {
 	paused  bool
 	frame   *framebuf.Image // the display; nil without one
 
+	// The NIC's frame channel (nil without Spec.NIC): a new pair for
+	// every machine, a restore's too, as QEMU's.
+	hostNIC, guestNIC *os.File
+
 	done     chan struct{}
 	doneOnce sync.Once
 	err      error
@@ -212,7 +238,42 @@ type state struct {
 type section struct {
 	Fake    bool `json:"fake"`
 	Display bool `json:"display,omitempty"`
+	NIC     bool `json:"nic,omitempty"`
 }
+
+// nicPair makes a NIC's frame channel as the QEMU engine does: the host
+// end non-blocking, so it takes deadlines and a Close wakes its readers.
+func nicPair() (host, guest *os.File, err error) {
+	// Close-on-exec set apart, not by a socket flag: the fake builds
+	// wherever the session's tests run, not only on Linux.
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("fake NIC: %w", err)
+	}
+	unix.CloseOnExec(fds[0])
+	unix.CloseOnExec(fds[1])
+	if err := unix.SetNonblock(fds[0], true); err != nil {
+		unix.Close(fds[0])
+		unix.Close(fds[1])
+		return nil, nil, fmt.Errorf("fake NIC: %w", err)
+	}
+	return os.NewFile(uintptr(fds[0]), "fake-nic"), os.NewFile(uintptr(fds[1]), "fake-nic-guest"), nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// NIC implements engine.Machine.
+func (m *Machine) NIC() *os.File { return m.hostNIC }
+
+// GuestNIC is the guest's end of the NIC's frame channel (nil without a
+// NIC), for a test to play the guest: what it writes the host reads from
+// NIC, and the other way round. It closes when the machine ends.
+func (m *Machine) GuestNIC() *os.File { return m.guestNIC }
 
 // blankFrame is a black w x h frame, or nil without a display.
 func blankFrame(display bool, w, h int) *framebuf.Image {
@@ -330,6 +391,12 @@ func (m *Machine) end(err error) {
 		m.guestCh.Close()
 		m.hostCon.Close()
 		m.guestCon.Close()
+		// As with QEMU: the guest's end goes with the engine (the host
+		// reader sees end-of-file), then the machine closes the host's.
+		if m.guestNIC != nil {
+			m.guestNIC.Close()
+			m.hostNIC.Close()
+		}
 		close(m.done)
 	})
 }
@@ -410,7 +477,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 	if _, err := f.Write(b); err != nil {
 		return engine.Captured{}, err
 	}
-	sec, err := json.Marshal(section{Fake: true, Display: m.spec.Display})
+	sec, err := json.Marshal(section{Fake: true, Display: m.spec.Display, NIC: m.spec.NIC})
 	if err != nil {
 		return engine.Captured{}, err
 	}

@@ -20,7 +20,7 @@ func TestCommandLineDisplay(t *testing.T) {
 	}{{"no display", false}, {"display", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := engine.Spec{CPUs: 1, RAMMB: 256, Accel: engine.AccelTCG, Kernel: "/k", Initrd: "/i", Display: tc.display}
-			args := commandLine(spec, "console=ttyS0", socks, "/proc/self/fd/3", true, "g")
+			args := commandLine(spec, "console=ttyS0", socks, "/proc/self/fd/3", true, "g", -1)
 			var devices []string
 			for i, a := range args {
 				if a == "-device" {
@@ -104,7 +104,7 @@ func TestDecodeSectionVersions(t *testing.T) {
 		{"version 1 from before displays", 1, `{"ram":"file","vmgenid":"g","cmdline":"c"}`, ""},
 		{"version 2 without a display", 2, `{"ram":"stream","vmgenid":"g","cmdline":"c"}`, ""},
 		{"version 1 claiming a display", 1, `{"ram":"file","vmgenid":"g","cmdline":"c","display":true}`, "cannot record a display"},
-		{"version 3", 3, `{"ram":"file","vmgenid":"g","cmdline":"c"}`, "reads up to 2"},
+		{"version 4", 4, `{"ram":"file","vmgenid":"g","cmdline":"c"}`, "reads up to 3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := decodeSection(engine.Section{Version: tc.version, Data: json.RawMessage(tc.data)})

@@ -76,10 +76,13 @@ type Machine struct {
 	// mem is guest memory when QEMU maps it shared: a memfd nobody can
 	// reach by name, so it cannot outlive nether and QEMU, however they
 	// end. nil for a restore that maps an artifact's RAM privately.
-	mem      *os.File
-	vmgenid  string
-	cmdline  string
-	display  bool // started with a display device (Spec.Display)
+	mem     *os.File
+	vmgenid string
+	cmdline string
+	display bool // started with a display device (Spec.Display)
+	// nic is the host end of the NIC's frame channel (Spec.NIC), closed
+	// once QEMU has exited; nil without a NIC.
+	nic      *os.File
 	incoming *engine.Incoming
 	ramIn    ramMode // for an incoming machine: where its RAM comes from
 
@@ -120,6 +123,9 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	defer func() {
 		if err != nil && m.mem != nil {
 			m.mem.Close()
+		}
+		if err != nil && m.nic != nil {
+			m.nic.Close()
 		}
 	}()
 	var extra []*os.File
@@ -174,6 +180,18 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		// QEMU opens the memfd through its own descriptor table.
 		memPath = fmt.Sprintf("/proc/self/fd/%d", 2+len(extra))
 	}
+	nicFD := -1
+	if spec.NIC {
+		// A restore gets a new channel too: the old one died with the
+		// QEMU that was captured.
+		var guestEnd *os.File
+		if m.nic, guestEnd, err = newNICPair(); err != nil {
+			return nil, err
+		}
+		defer guestEnd.Close() // QEMU has its own copy once started
+		extra = append(extra, guestEnd)
+		nicFD = 2 + len(extra)
+	}
 
 	socks := map[string]string{}
 	listeners := map[string]*net.UnixListener{}
@@ -197,7 +215,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		listeners[name] = l
 		socks[name] = p
 	}
-	args := commandLine(spec, m.cmdline, socks, memPath, share, m.vmgenid)
+	args := commandLine(spec, m.cmdline, socks, memPath, share, m.vmgenid, nicFD)
 	m.log.Debug("starting QEMU", "args", strings.Join(args, " "))
 	m.cmd = exec.Command(bin, args...)
 	m.cmd.Stdout = m.stderr
@@ -221,6 +239,11 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		}
 		if m.mem != nil {
 			m.mem.Close() // the guest's memory goes with its last mapping
+		}
+		if m.nic != nil {
+			// A reader has seen end-of-file by now, or sees the file
+			// closed: either way the link is gone.
+			m.nic.Close()
 		}
 		close(m.done)
 	}()
@@ -324,7 +347,9 @@ func (e *Engine) probe(ctx context.Context) (engine.Info, error) {
 	return engine.Info{Backend: "qemu", Version: version, Machine: resolveMachineName(raw, MachineType)}, nil
 }
 
-func commandLine(spec engine.Spec, cmdline string, socks map[string]string, memFile string, shared bool, vmgenid string) []string {
+// commandLine is QEMU's argument list. nicFD is the descriptor QEMU
+// inherits for the NIC's frames when spec.NIC is set.
+func commandLine(spec engine.Spec, cmdline string, socks map[string]string, memFile string, shared bool, vmgenid string, nicFD int) []string {
 	ram := strconv.Itoa(spec.RAMMB) + "M"
 	share := "on"
 	if !shared {
@@ -366,6 +391,9 @@ func commandLine(spec engine.Spec, cmdline string, socks map[string]string, memF
 		// Keeps its VGA BIOS (no romfile=): the firmware sets up VGA text
 		// mode with it, which the kernel's VGA console then draws into.
 		args = append(args, "-device", displayDevice)
+	}
+	if spec.NIC {
+		args = append(args, "-netdev", nicNetdev(nicFD), "-device", nicDevice)
 	}
 	if spec.Incoming != nil {
 		args = append(args, "-incoming", "defer")

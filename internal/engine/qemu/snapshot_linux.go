@@ -25,14 +25,18 @@ const (
 
 // sectionVersion is the newest engine section this build reads. It
 // writes the oldest version that can say what it captured: 1 for a
-// machine without a display (the format before displays existed, so such
-// artifacts stay readable by older nethers), 2 for one with, so an older
-// nether refuses a display artifact by its version instead of starting
-// QEMU without the device and failing obscurely in the migration.
-const sectionVersion = 2
+// machine without a display or NIC (the format before either existed, so
+// such artifacts stay readable by older nethers), 2 for one with a
+// display, 3 for one with a NIC, so an older nether refuses such an
+// artifact by its version instead of starting QEMU without the device and
+// failing obscurely in the migration.
+const sectionVersion = 3
 
 // displaySectionVersion is the first version that records a display.
 const displaySectionVersion = 2
+
+// nicSectionVersion is the first version that records a NIC.
+const nicSectionVersion = 3
 
 // section is the QEMU engine's part of an artifact's metadata.
 type section struct {
@@ -45,6 +49,9 @@ type section struct {
 	// set must match on restore, so a restore with another Spec.Display
 	// is refused before QEMU starts.
 	Display bool `json:"display,omitempty"`
+	// NIC: the machine had a network card (net = 1); like the display,
+	// part of the device set a restore must match.
+	NIC bool `json:"nic,omitempty"`
 }
 
 // encode returns sec as an engine section of the version it needs.
@@ -57,6 +64,9 @@ func (sec section) encode() (engine.Section, error) {
 	if sec.Display {
 		v = displaySectionVersion
 	}
+	if sec.NIC {
+		v = nicSectionVersion
+	}
 	return engine.Section{Version: v, Data: data}, nil
 }
 
@@ -66,6 +76,10 @@ func (sec section) checkDevices(spec engine.Spec) error {
 	if sec.Display != spec.Display {
 		return fmt.Errorf("%w: the artifact was captured with gpu = %d (display device %s) and this sandbox has gpu = %d; set gpu in nether.conf as it was at capture",
 			engine.ErrDeviceMismatch, b2i(sec.Display), displayDevice, b2i(spec.Display))
+	}
+	if sec.NIC != spec.NIC {
+		return fmt.Errorf("%w: the artifact was captured with net = %d (network card virtio-net-pci) and this sandbox has net = %d; set net in nether.conf as it was at capture",
+			engine.ErrDeviceMismatch, b2i(sec.NIC), b2i(spec.NIC))
 	}
 	return nil
 }
@@ -95,6 +109,9 @@ func decodeSection(s engine.Section) (section, error) {
 	}
 	if sec.Display && s.Version < displaySectionVersion {
 		return sec, fmt.Errorf("qemu engine section version %d cannot record a display", s.Version)
+	}
+	if sec.NIC && s.Version < nicSectionVersion {
+		return sec, fmt.Errorf("qemu engine section version %d cannot record a network card", s.Version)
 	}
 	return sec, nil
 }
@@ -183,7 +200,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return out, fmt.Errorf("saving device state: %w", err)
 	}
 	out.DeviceState = time.Since(start)
-	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display}
+	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil}
 	if ram != nil {
 		sec.RAM = ramFile
 		start = time.Now()
