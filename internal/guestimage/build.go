@@ -32,11 +32,16 @@ const (
 	// ModuleListPath is the in-image file the agent reads: one absolute
 	// module path per line, in load order.
 	ModuleListPath = "/etc/nether/modules"
+	// NetModuleListPath lists, in the same form, the modules a guest with
+	// a network (nether.net=1) loads after those of ModuleListPath; none
+	// of them is in ModuleListPath.
+	NetModuleListPath = "/etc/nether/modules.net"
 )
 
 // formatVersion changes whenever the image layout changes, so that a build
 // with identical inputs but a newer builder is not skipped.
-const formatVersion = 1
+// 2: the network's modules, in their own list.
+const formatVersion = 2
 
 // DefaultBusybox is where busybox-static puts its binary.
 const DefaultBusybox = "/bin/busybox"
@@ -47,7 +52,11 @@ type BuildOptions struct {
 	Agent   string   // path of the static agent binary; becomes /init
 	Busybox string   // static busybox; default DefaultBusybox
 	Modules []string // root module names; default DefaultModules
-	Out     string   // output directory
+	// NetModules are the root modules only a guest with a network loads;
+	// default DefaultNetModules (nil means the default, an empty list
+	// none).
+	NetModules []string
+	Out        string // output directory
 }
 
 // Manifest describes a built guest image. It is written to Out/manifest.json.
@@ -68,6 +77,8 @@ type Manifest struct {
 	RootModules    []string `json:"root_modules"`
 	BuiltinModules []string `json:"builtin_modules"` // roots the kernel has built in
 	Modules        []string `json:"modules"`         // in-image paths, load order
+	NetRootModules []string `json:"net_root_modules"`
+	NetModules     []string `json:"net_modules"` // in-image paths, load order, after Modules
 
 	// Stamps records size, mtime and inode of every input and output next
 	// to its digest, so an unchanged file is not hashed again: hashing the
@@ -156,6 +167,9 @@ func Build(opts BuildOptions) (*Manifest, error) {
 	if opts.Modules == nil {
 		opts.Modules = DefaultModules
 	}
+	if opts.NetModules == nil {
+		opts.NetModules = DefaultNetModules
+	}
 	k := opts.Kernel
 
 	if err := checkStatic(opts.Agent, "agent"); err != nil {
@@ -175,6 +189,7 @@ func Build(opts BuildOptions) (*Manifest, error) {
 		KernelPackageVersion: k.PackageVersion,
 		PVH:                  k.PVH,
 		RootModules:          slices.Clone(opts.Modules),
+		NetRootModules:       slices.Clone(opts.NetModules),
 	}
 	// A missing or unreadable old manifest just means a full build.
 	old, _ := ReadManifest(opts.Out)
@@ -196,6 +211,7 @@ func Build(opts BuildOptions) (*Manifest, error) {
 		m.InitramfsSize = old.InitramfsSize
 		m.BuiltinModules = old.BuiltinModules
 		m.Modules = old.Modules
+		m.NetModules = old.NetModules
 		m.Reused = true
 		// Rewrite only when a stamp moved (e.g. the agent was rebuilt with
 		// the same bytes), so the next run can skip hashing it again.
@@ -214,6 +230,18 @@ func Build(opts BuildOptions) (*Manifest, error) {
 	modPaths, builtin, err := ix.Resolve(opts.Modules)
 	if err != nil {
 		return nil, fmt.Errorf("kernel %s: %w", k.Version, err)
+	}
+	netPaths, netBuiltin, err := ix.Resolve(opts.NetModules)
+	if err != nil {
+		return nil, fmt.Errorf("kernel %s: network modules: %w", k.Version, err)
+	}
+	// A dependency the base list loads already (virtio, say) is loaded
+	// once, by the base list.
+	netPaths = slices.DeleteFunc(netPaths, func(p string) bool { return slices.Contains(modPaths, p) })
+	for _, b := range netBuiltin {
+		if !slices.Contains(builtin, b) {
+			builtin = append(builtin, b)
+		}
 	}
 	m.BuiltinModules = builtin
 
@@ -242,18 +270,24 @@ func Build(opts BuildOptions) (*Manifest, error) {
 	}
 	modRoot := "lib/modules/" + k.Version
 	img.dir(modRoot, 0o755, 0, 0)
-	var list bytes.Buffer
-	for _, p := range modPaths {
-		data, err := readModule(filepath.Join(k.ModulesDir, filepath.FromSlash(p)))
-		if err != nil {
-			return nil, err
+	for _, l := range []struct {
+		paths []string
+		list  string
+		dst   *[]string
+	}{{modPaths, ModuleListPath, &m.Modules}, {netPaths, NetModuleListPath, &m.NetModules}} {
+		var list bytes.Buffer
+		for _, p := range l.paths {
+			data, err := readModule(filepath.Join(k.ModulesDir, filepath.FromSlash(p)))
+			if err != nil {
+				return nil, err
+			}
+			inImage := modRoot + "/" + stripCompression(p)
+			img.file(inImage, data, 0o644)
+			*l.dst = append(*l.dst, "/"+inImage)
+			fmt.Fprintf(&list, "/%s\n", inImage)
 		}
-		inImage := modRoot + "/" + stripCompression(p)
-		img.file(inImage, data, 0o644)
-		m.Modules = append(m.Modules, "/"+inImage)
-		fmt.Fprintf(&list, "/%s\n", inImage)
+		img.file(strings.TrimPrefix(l.list, "/"), list.Bytes(), 0o644)
 	}
-	img.file(strings.TrimPrefix(ModuleListPath, "/"), list.Bytes(), 0o644)
 
 	if err := os.MkdirAll(opts.Out, 0o755); err != nil {
 		return nil, err
@@ -321,7 +355,8 @@ func upToDate(out string, old, want *Manifest) bool {
 		old.KernelPackageVersion != want.KernelPackageVersion ||
 		old.SHA256.Vmlinux != want.SHA256.Vmlinux || old.SHA256.Vmlinuz != want.SHA256.Vmlinuz ||
 		old.SHA256.Agent != want.SHA256.Agent || old.SHA256.Busybox != want.SHA256.Busybox ||
-		!slices.Equal(old.RootModules, want.RootModules) {
+		!slices.Equal(old.RootModules, want.RootModules) ||
+		!slices.Equal(old.NetRootModules, want.NetRootModules) {
 		return false
 	}
 	for _, f := range []struct{ role, name, sum string }{

@@ -70,7 +70,13 @@ func fakeKernel(t *testing.T) *Kernel {
 	}
 	write("kernel/drivers/virtio/virtio.ko", "\x7fELF virtio")
 	write("kernel/drivers/char/virtio_console.ko", "\x7fELF console")
-	dep := "kernel/drivers/virtio/virtio.ko:\nkernel/drivers/char/virtio_console.ko: kernel/drivers/virtio/virtio.ko\n"
+	write("kernel/net/core/failover.ko", "\x7fELF failover")
+	write("kernel/drivers/net/net_failover.ko", "\x7fELF net_failover")
+	write("kernel/drivers/net/virtio_net.ko", "\x7fELF virtio_net")
+	dep := "kernel/drivers/virtio/virtio.ko:\nkernel/drivers/char/virtio_console.ko: kernel/drivers/virtio/virtio.ko\n" +
+		"kernel/drivers/net/virtio_net.ko: kernel/drivers/net/net_failover.ko kernel/net/core/failover.ko kernel/drivers/virtio/virtio.ko\n" +
+		"kernel/drivers/net/net_failover.ko: kernel/net/core/failover.ko\n" +
+		"kernel/net/core/failover.ko:\n"
 	if haveXZ(t) {
 		write("kernel/drivers/char/hw_random/virtio-rng.ko", "\x7fELF rng")
 		if out, err := exec.Command("xz", filepath.Join(mods, "kernel/drivers/char/hw_random/virtio-rng.ko")).CombinedOutput(); err != nil {
@@ -149,6 +155,9 @@ func TestBuild(t *testing.T) {
 	recs := readArchive(t, filepath.Join(outA, InitramfsFile))
 	modRoot := "lib/modules/" + k.Version + "/"
 	wantList := "/" + modRoot + "kernel/drivers/virtio/virtio.ko\n/" + modRoot + "kernel/drivers/char/virtio_console.ko\n"
+	// The network's list loads virtio_net's dependencies first and leaves
+	// out virtio, which the base list loads.
+	wantNetList := "/" + modRoot + "kernel/net/core/failover.ko\n/" + modRoot + "kernel/drivers/net/net_failover.ko\n/" + modRoot + "kernel/drivers/net/virtio_net.ko\n"
 	if len(mA.RootModules) == 3 {
 		wantList += "/" + modRoot + "kernel/drivers/char/hw_random/virtio-rng.ko\n"
 	}
@@ -172,6 +181,18 @@ func TestBuild(t *testing.T) {
 		{"etc/nether/modules", func(r cpio.Record) string {
 			if got := content(t, r); got != wantList {
 				return "content " + got
+			}
+			return ""
+		}},
+		{"etc/nether/modules.net", func(r cpio.Record) string {
+			if got := content(t, r); got != wantNetList {
+				return "content " + got
+			}
+			return ""
+		}},
+		{modRoot + "kernel/drivers/net/virtio_net.ko", func(r cpio.Record) string {
+			if content(t, r) != "\x7fELF virtio_net" {
+				return "wrong content"
 			}
 			return ""
 		}},
@@ -270,6 +291,8 @@ func TestBuildErrors(t *testing.T) {
 			"agent binary /nonexistent/agent does not exist"},
 		{"unknown module", BuildOptions{Kernel: k, Agent: bb, Busybox: bb, Modules: []string{"nope"}, Out: t.TempDir()},
 			"nope is neither in modules.dep nor in modules.builtin"},
+		{"unknown network module", BuildOptions{Kernel: k, Agent: bb, Busybox: bb, Modules: []string{"virtio_console"}, NetModules: []string{"e1000"}, Out: t.TempDir()},
+			"network modules: module e1000 is neither in modules.dep nor in modules.builtin"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

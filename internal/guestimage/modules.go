@@ -25,9 +25,15 @@ import (
 // ACPI), so the list holds only what a device of ours needs. virtio_rng
 // feeds host entropy to the guest CRNG through a device the kernel reads at
 // boot, so the first getrandom() never waits on CPU jitter, whatever the CPU
-// model (RDRAND alone is not on every model). virtio_net joins when the
-// guest gets a network.
+// model (RDRAND alone is not on every model).
 var DefaultModules = []string{"virtio_pci", "virtio_console", "virtio_rng"}
+
+// DefaultNetModules are the root modules a guest with a network (net = 1)
+// loads on top of DefaultModules: virtio_net, which needs net_failover and
+// failover (both modules on Debian's 6.1 kernels, found through
+// modules.dep). They have a list of their own so a guest without a
+// network does not pay for loading them.
+var DefaultNetModules = []string{"virtio_net"}
 
 // ModuleIndex is what the kernel's depmod metadata says about its modules.
 type ModuleIndex struct {
