@@ -53,6 +53,12 @@ func initSystem(log *slog.Logger) (map[string]string, error) {
 	if err := setHostname(host); err != nil {
 		errs = append(errs, fmt.Errorf("setting hostname: %w", err))
 	}
+	if params["nether.net"] == "1" {
+		// Before hello, so the first command finds the network up.
+		if err := setupNetwork(log); err != nil {
+			errs = append(errs, fmt.Errorf("setting up the network: %w", err))
+		}
+	}
 	os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
 	os.Setenv("HOME", "/root")
 	return params, errors.Join(errs...)
@@ -150,10 +156,14 @@ func powerOff(log *slog.Logger) {
 	select {}
 }
 
-// setHostname sets the kernel's hostname and /etc/hostname to match.
+// setHostname sets the kernel's hostname, and /etc/hostname and
+// /etc/hosts to match (a fork renames itself here too).
 func setHostname(name string) error {
 	if err := unix.Sethostname([]byte(name)); err != nil {
 		return err
 	}
-	return os.WriteFile("/etc/hostname", []byte(name+"\n"), 0o644)
+	if err := os.WriteFile("/etc/hostname", []byte(name+"\n"), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile("/etc/hosts", []byte(hostsFile(name)), 0o644)
 }
