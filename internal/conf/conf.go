@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -22,6 +23,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/firewall"
 )
 
 // FileName is the name of the settings file inside the launch directory.
@@ -61,14 +63,20 @@ type Config struct {
 	// dropped. 0 = unlimited.
 	ConsoleLogMaxBytes int64
 	// Budgets, in seconds; 0 = off. Reaching one ends the session.
-	MaxRuntimeS  int64        // wall clock since the session began
-	MaxCPUS      int64        // host CPU time of the guest
-	IdleTimeoutS int64        // no client connected and no command running
-	X402         bool         // settlement framing of the teardown record; default off
-	GPU          bool         // a display device; __frame__ and __framediff__ read its scanout
-	Accel        engine.Accel // default auto; the engine's own type, resolved there
-	Kernel       string       // "" = default image built by setup; else absolute path of a regular file
-	Image        string       // "" = default initramfs built by setup; else absolute path of a regular file
+	MaxRuntimeS  int64 // wall clock since the session began
+	MaxCPUS      int64 // host CPU time of the guest
+	IdleTimeoutS int64 // no client connected and no command running
+	X402         bool  // settlement framing of the teardown record; default off
+	GPU          bool  // a display device; __frame__ and __framediff__ read its scanout
+	// Networking (net = 1): a NIC behind nether's user-mode NAT.
+	Net         bool
+	NetOpen     bool           // the firewall off (net_block still applies)
+	NetAllow    []netip.Prefix // exceptions to the default deny
+	NetBlock    []netip.Prefix // blocked whatever else says
+	NetRateKbps int64          // host -> guest cap; 0 = unlimited
+	Accel       engine.Accel   // default auto; the engine's own type, resolved there
+	Kernel      string         // "" = default image built by setup; else absolute path of a regular file
+	Image       string         // "" = default initramfs built by setup; else absolute path of a regular file
 
 	// Snapshot / fork keys.
 	Restore            bool   // boot by restoring RestoreFrom instead of a fresh boot
@@ -278,7 +286,7 @@ func (p *parser) line(n int, raw []byte) error {
 	if val == "" {
 		return p.errf(n, key, "missing value (remove the line to get the default)")
 	}
-	if strings.ContainsAny(val, " \t") {
+	if strings.ContainsAny(val, " \t") && !listKeys[key] {
 		return p.errf(n, key, "%q is not a single value (values cannot contain spaces or tabs)", val)
 	}
 	if i := strings.IndexFunc(val, unicode.IsControl); i >= 0 {
@@ -348,6 +356,11 @@ type field struct {
 	set  func(c *Config, v string) string
 	get  func(c *Config) string
 }
+
+// listKeys take a comma-separated list, whose items may have blanks
+// around them (net_allow = 10.0.0.0/8, 192.168.0.0/16): the one place a
+// value may contain a space.
+var listKeys = map[string]bool{"net_allow": true, "net_block": true}
 
 // fields is in canonical order (Format, Report).
 var fields = []field{
@@ -468,6 +481,31 @@ var fields = []field{
 	{"gpu",
 		func(c *Config, v string) string { return setBool(&c.GPU, v) },
 		func(c *Config) string { return zeroOne(c.GPU) }},
+	{"net",
+		func(c *Config, v string) string { return setBool(&c.Net, v) },
+		func(c *Config) string { return zeroOne(c.Net) }},
+	{"net_open",
+		func(c *Config, v string) string { return setBool(&c.NetOpen, v) },
+		func(c *Config) string { return zeroOne(c.NetOpen) }},
+	{"net_allow",
+		func(c *Config, v string) string { return setPrefixes(&c.NetAllow, v) },
+		func(c *Config) string { return firewall.FormatList(c.NetAllow) }},
+	{"net_block",
+		func(c *Config, v string) string { return setPrefixes(&c.NetBlock, v) },
+		func(c *Config) string { return firewall.FormatList(c.NetBlock) }},
+	{"net_rate_kbps",
+		func(c *Config, v string) string { return setUint(&c.NetRateKbps, v) },
+		func(c *Config) string { return strconv.FormatInt(c.NetRateKbps, 10) }},
+}
+
+// setPrefixes parses a CIDR list (net_allow, net_block).
+func setPrefixes(dst *[]netip.Prefix, v string) string {
+	ps, err := firewall.ParseList(v)
+	if err != nil {
+		return err.Error()
+	}
+	*dst = ps
+	return ""
 }
 
 func fieldByName(name string) *field {
@@ -481,7 +519,6 @@ func fieldByName(name string) *field {
 
 // unsupported lists keys the spec defines but this build does not implement.
 var unsupported = map[string]struct{}{
-	"net": {}, "net_open": {}, "net_allow": {}, "net_block": {}, "net_rate_kbps": {},
 	"disk": {}, "disk_size_mb": {},
 	"app_port": {}, "data_socket": {}, "max_data_conns": {}, "data_idle_ms": {}, "data_rate_kbps": {},
 	"egress_port": {}, "egress_socket": {},

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/firewall"
 )
 
 // launchDir builds a launch directory holding a kernel, an initramfs, a
@@ -173,6 +174,16 @@ func TestParseKeys(t *testing.T) {
 			eq(t, c.Hostname, "tenant-42")
 		}},
 
+		// Networking: the specification's own example, blanks included.
+		{"net spec example", "net = 1\nnet_allow = 10.0.0.0/8, 192.168.0.0/16\nnet_block = 1.2.3.0/24\nnet_rate_kbps = 2000", func(t *testing.T, c *Config) {
+			eq(t, c.Net, true)
+			eq(t, firewall.FormatList(c.NetAllow), "10.0.0.0/8, 192.168.0.0/16")
+			eq(t, firewall.FormatList(c.NetBlock), "1.2.3.0/24")
+			eq(t, c.NetRateKbps, int64(2000))
+		}},
+		{"net_open", "net = 1\nnet_open = 1", func(t *testing.T, c *Config) { eq(t, c.NetOpen, true) }},
+		{"net_allow host", "net_allow = 10.0.2.2", func(t *testing.T, c *Config) { eq(t, firewall.FormatList(c.NetAllow), "10.0.2.2/32") }},
+
 		// Syntax variations.
 		{"no spaces", "cpus=2", func(t *testing.T, c *Config) { eq(t, c.CPUs, 2) }},
 		{"tabs and padding", "\t cpus \t=\t 2 \t", func(t *testing.T, c *Config) { eq(t, c.CPUs, 2) }},
@@ -291,6 +302,12 @@ func TestParseErrors(t *testing.T) {
 		// Booleans and enums.
 		{"x402 bad", "x402 = maybe", 1, "x402", `"maybe" is not a boolean`},
 		{"gpu bad", "gpu = 2", 1, "gpu", `"2" is not a boolean`},
+		{"net_allow bad cidr", "net = 1\nnet_allow = 10.0.0.0/8, 192.168.0.1/16", 2, "net_allow", `nether.conf:2: net_allow: "192.168.0.1/16" has bits set past its /16 (did you mean 192.168.0.0/16?)`},
+		{"net_allow a name", "net_allow = example.com", 1, "net_allow", `"example.com" is not a CIDR prefix or an address`},
+		{"net_block empty item", "net_block = 1.2.3.0/24,", 1, "net_block", "item 2 is empty"},
+		{"net_allow missing comma", "net_allow = 10.0.0.0/8 192.168.0.0/16", 1, "net_allow", `is not a CIDR prefix`},
+		{"net_rate_kbps bad", "net_rate_kbps = fast", 1, "net_rate_kbps", `"fast" is not a whole number`},
+		{"net spaces elsewhere still refused", "net = 1 1", 1, "net", "is not a single value"},
 		{"restore bad", "restore = 2", 1, "restore", "not a boolean"},
 		{"snapshot_allow_dirty bad", "snapshot_allow_dirty = y", 1, "snapshot_allow_dirty", "not a boolean"},
 		{"park_dirty bad", "park_dirty = enable", 1, "park_dirty", "not a boolean"},
@@ -360,7 +377,7 @@ func TestParseErrors(t *testing.T) {
 	// Every not-yet-implemented spec key must be refused with the same
 	// distinct message, whatever its value looks like.
 	for _, k := range []string{
-		"net", "net_open", "net_allow", "net_block", "net_rate_kbps", "disk", "disk_size_mb", "app_port", "data_socket", "max_data_conns",
+		"disk", "disk_size_mb", "app_port", "data_socket", "max_data_conns",
 		"data_idle_ms", "data_rate_kbps", "egress_port", "egress_socket", "run_as", "snapshot_save",
 	} {
 		tests = append(tests, struct {
@@ -602,6 +619,11 @@ func TestReport(t *testing.T) {
 		"sandbox_id=",
 		"hostname=",
 		"gpu=0",
+		"net=0",
+		"net_open=0",
+		"net_allow=",
+		"net_block=",
+		"net_rate_kbps=0",
 	}
 	if got := c.Report(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Report =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -612,8 +634,8 @@ func TestReport(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := c.Report()
-		if tail := got[len(got)-3:]; !reflect.DeepEqual(tail, []string{"sandbox_id=sb-1", "hostname=box-1", "gpu=1"}) {
-			t.Fatalf("Report ends %q, want sandbox_id=sb-1, hostname=box-1, gpu=1", tail)
+		if tail := got[len(got)-8 : len(got)-5]; !reflect.DeepEqual(tail, []string{"sandbox_id=sb-1", "hostname=box-1", "gpu=1"}) {
+			t.Fatalf("Report has %q, want sandbox_id=sb-1, hostname=box-1, gpu=1", tail)
 		}
 	})
 }

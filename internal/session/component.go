@@ -46,13 +46,17 @@ type components []Component
 // back on its own too, because the session drives it directly. newMux
 // rebuilds the channel from its section; with nil the components only
 // check their sections (validate_snapshot).
-// con carries the console's screen; nil (validate_snapshot) only checks.
-func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *consoleComponent) (components, *channelComponent) {
+// con carries the console's screen and nc the guest's connections; nil
+// (validate_snapshot) only checks their sections.
+func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *consoleComponent, nc *netComponent) (components, *channelComponent) {
 	cc := &channelComponent{newMux: newMux}
 	if con == nil {
 		con = &consoleComponent{}
 	}
-	return components{cc, con}, cc
+	if nc == nil {
+		nc = &netComponent{}
+	}
+	return components{cc, con, nc}, cc
 }
 
 // save collects every component's section.

@@ -31,11 +31,15 @@ const DefaultHostname = "sandbox"
 // quiet: every console byte is an emulated port write under TCG; no
 // crypto self-tests, no PS/2 probing, no audit or AppArmor (nothing in the
 // guest uses them): each shaves boot time.
-func KernelCmdline(consoleMode bool, hostname string) string {
+func KernelCmdline(consoleMode bool, hostname string, net bool) string {
 	c := "console=ttyS0 quiet panic=-1 nether.hostname=" + hostname +
 		" cryptomgr.notests i8042.noaux i8042.nokbd audit=0 apparmor=0 no_timer_check"
 	if consoleMode {
 		c += " nether.console=1"
+	}
+	if net {
+		// The agent configures eth0 before it says hello.
+		c += " nether.net=1"
 	}
 	return c
 }
@@ -90,11 +94,12 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	defer releaseRunDir()
 	spec := engine.Spec{
 		CPUs: s.cfg.CPUs, RAMMB: s.cfg.RAMMB, Accel: accel,
-		Kernel: s.kernel, Initrd: s.image, Cmdline: KernelCmdline(consoleMode, hostname),
-		RunDir: runDir, Display: s.cfg.GPU,
+		Kernel: s.kernel, Initrd: s.image, Cmdline: KernelCmdline(consoleMode, hostname, s.cfg.Net),
+		RunDir: runDir, Display: s.cfg.GPU, NIC: s.cfg.Net,
 	}
 
-	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }, s.consoleComponent())
+	s.netComp = &netComponent{s: s}
+	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }, s.consoleComponent(), s.netComp)
 	var r *restoring
 	if s.cfg.Restore {
 		if r, err = s.openArtifact(ctx, &spec, comps); err != nil {
@@ -120,6 +125,11 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	}
 	s.consoleDone = consoleDone
 	s.meter.SetUsage(m.Usage, m.CPUTime)
+	// The stack is up before the guest runs or resumes: a guest that
+	// sends a frame at once finds someone to answer it.
+	if err := s.startNetwork(m); err != nil {
+		return err
+	}
 	info := m.Info()
 	s.setView(func(v *view) { v.engine = info })
 	s.log.Info("guest starting", "engine", info.Backend, "version", info.Version, "machine", info.Machine,
@@ -135,6 +145,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	if err := s.finishRestore(ctx, r, m, cc, comps); err != nil {
 		return err
 	}
+	s.netComp.resetCarried()
 	s.life("restored backend=%s accel=%s", info.Backend, accel)
 	go s.watchAgent()
 	return nil
@@ -386,7 +397,7 @@ func fingerprint(info engine.Info, accel engine.Accel, cfg *conf.Config, kernel,
 	}
 	return snapshot.Fingerprint{
 		Engine: info.Backend, EngineVersion: info.Version, Machine: info.Machine, Accel: string(accel),
-		KernelSHA256: k, ImageSHA256: i, CPUs: cfg.CPUs, RAMMB: cfg.RAMMB, GPU: cfg.GPU,
+		KernelSHA256: k, ImageSHA256: i, CPUs: cfg.CPUs, RAMMB: cfg.RAMMB, GPU: cfg.GPU, Net: cfg.Net,
 	}, nil
 }
 
@@ -401,7 +412,7 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 	if err != nil {
 		return "", err
 	}
-	comps, _ := newComponents(nil, nil)
+	comps, _ := newComponents(nil, nil, nil)
 	if err := comps.check(art.Meta.Sections); err != nil {
 		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
 	}

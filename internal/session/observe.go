@@ -8,6 +8,7 @@ import (
 
 	"github.com/nethersandbox/nether/internal/cmdlog"
 	"github.com/nethersandbox/nether/internal/framebuf"
+	"github.com/nethersandbox/nether/internal/netlog"
 	"github.com/nethersandbox/nether/internal/screen"
 	"github.com/nethersandbox/nether/internal/snapshot"
 	"github.com/nethersandbox/nether/internal/timeline"
@@ -26,6 +27,9 @@ func (s *Session) newObservation() {
 	}
 	s.events = timeline.New(s.meter.Start(), s.opt.Now, 0)
 	s.cmds = cmdlog.New(0)
+	if s.cfg.Net {
+		s.flows = netlog.New(0)
+	}
 }
 
 // life records a lifecycle moment on the timeline.

@@ -32,6 +32,8 @@ import (
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/jail"
 	"github.com/nethersandbox/nether/internal/meter"
+	"github.com/nethersandbox/nether/internal/netlog"
+	"github.com/nethersandbox/nether/internal/netstack"
 	"github.com/nethersandbox/nether/internal/screen"
 	"github.com/nethersandbox/nether/internal/snapshot"
 	"github.com/nethersandbox/nether/internal/timeline"
@@ -110,6 +112,9 @@ type Session struct {
 	events  *timeline.Timeline // __events__
 	cmds    *cmdlog.Log        // __cmdlog__
 	term    *screen.Terminal   // the console's terminal (__screen__); nil in console mode
+	flows   *netlog.Log        // __netlog__; nil without a network
+	net     *netstack.Stack    // set by assemble when net = 1
+	netComp *netComponent
 	// consoleDone closes when the console pump has read the console to
 	// its end; set by assemble with the machine.
 	consoleDone <-chan struct{}
@@ -210,7 +215,7 @@ func (s *Session) run() (reason string, err error) {
 		s.term = screen.New(screenCols, screenRows, screenScrollback)
 		defer s.term.Close()
 		s.ctl = control.New(s.log, s, s.meter, s.cfg.MaxOutputBytes)
-		s.ctl.Observe = control.Observe{Events: s.events, Commands: s.cmds}
+		s.ctl.Observe = control.Observe{Events: s.events, Commands: s.cmds, Flows: s.flows}
 		if err := s.ctl.Listen(s.cfg.ControlSocket); err != nil {
 			return meter.ReasonError, err
 		}
@@ -227,6 +232,9 @@ func (s *Session) run() (reason string, err error) {
 	// assembly gives up.
 	assembled := make(chan error, 1)
 	go func() { assembled <- s.assemble(consoleMode) }()
+	// Deferred first, so it runs last: the host sockets of the guest's
+	// flows close once the guest is gone.
+	defer s.stopNetwork()
 	defer s.quitMachine()
 
 	var engineDone <-chan struct{}

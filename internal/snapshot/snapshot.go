@@ -102,6 +102,8 @@ type Fingerprint struct {
 	// machines without one, including every artifact from before
 	// displays existed, which is what they were.
 	GPU bool `json:"gpu,omitempty"`
+	// Net: the machine had a NIC (net = 1); absent likewise.
+	Net bool `json:"net,omitempty"`
 }
 
 // FileInfo records one data file's size and checksums.
@@ -370,6 +372,7 @@ func (a *Artifact) Match(fp Fingerprint) error {
 		// Before the kernel: gpu = 1 boots another kernel image, and
 		// the setting is what the user has to change.
 		{"gpu", zeroOne(have.GPU), zeroOne(fp.GPU)},
+		{"net", zeroOne(have.Net), zeroOne(fp.Net)},
 		{"kernel_sha256", have.KernelSHA256, fp.KernelSHA256},
 		{"image_sha256", have.ImageSHA256, fp.ImageSHA256},
 		{"cpus", fmt.Sprint(have.CPUs), fmt.Sprint(fp.CPUs)},
@@ -399,7 +402,7 @@ func (a *Artifact) Summary() string {
 		kind += " (one-shot)"
 	}
 	fp := m.Fingerprint
-	return fmt.Sprintf("snapshot %s: ok kind=%s format=%d engine=%s %s machine=%s accel=%s cpus=%d ram_mb=%d gpu=%s ram=%s generation=%d created=%s",
-		a.Dir, kind, m.Format, fp.Engine, fp.EngineVersion, fp.Machine, fp.Accel, fp.CPUs, fp.RAMMB, zeroOne(fp.GPU),
+	return fmt.Sprintf("snapshot %s: ok kind=%s format=%d engine=%s %s machine=%s accel=%s cpus=%d ram_mb=%d gpu=%s net=%s ram=%s generation=%d created=%s",
+		a.Dir, kind, m.Format, fp.Engine, fp.EngineVersion, fp.Machine, fp.Accel, fp.CPUs, fp.RAMMB, zeroOne(fp.GPU), zeroOne(fp.Net),
 		m.RAMMode, m.Identity.Generation, m.Created.UTC().Format(time.RFC3339))
 }

@@ -149,7 +149,7 @@ func TestRoundTrip(t *testing.T) {
 			if err := a.Match(testFingerprint); err != nil {
 				t.Fatal(err)
 			}
-			want := fmt.Sprintf("snapshot %s: ok kind=base format=2 engine=qemu 7.2.22 machine=pc-i440fx-7.2 accel=tcg cpus=1 ram_mb=64 gpu=0 ram=%s generation=1 created=2026-03-01T12:00:00Z", path, mode)
+			want := fmt.Sprintf("snapshot %s: ok kind=base format=2 engine=qemu 7.2.22 machine=pc-i440fx-7.2 accel=tcg cpus=1 ram_mb=64 gpu=0 net=0 ram=%s generation=1 created=2026-03-01T12:00:00Z", path, mode)
 			if got := a.Summary(); got != want {
 				t.Errorf("Summary:\n got %s\nwant %s", got, want)
 			}
@@ -784,6 +784,7 @@ func TestMatch(t *testing.T) {
 		{"gpu", func(fp *Fingerprint) { fp.GPU = true }, "gpu=0; this nether has gpu=1"},
 		// gpu = 1 boots another kernel image: the setting, which the user
 		// can change, is named rather than the kernel's digest.
+		{"net", func(fp *Fingerprint) { fp.Net = true }, "net=0; this nether has net=1"},
 		{"gpu before kernel", func(fp *Fingerprint) { fp.GPU, fp.KernelSHA256 = true, "00" }, "gpu=0; this nether has gpu=1"},
 	}
 	for _, tt := range tests {

@@ -322,7 +322,10 @@ func (sb *Sandbox) WaitListening(timeout time.Duration) error {
 	}
 	deadline := time.Now().Add(timeout)
 	for {
-		ok, err := Listening(sb.Sock)
+		ok, err := ListeningIn(sb.Pid(), sb.Sock)
+		if err != nil && sb.Exited() {
+			return fmt.Errorf("nether exited (%v) before listening on %s", sb.err, sb.Sock)
+		}
 		if err != nil {
 			return err
 		}

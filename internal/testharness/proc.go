@@ -240,8 +240,16 @@ func (sb *Sandbox) WaitNoSurvivors(timeout time.Duration) []Proc {
 
 // Listening reports whether a Unix socket bound at path is listening, as
 // /proc/net/unix shows it.
-func Listening(path string) (bool, error) {
-	f, err := os.Open("/proc/net/unix")
+func Listening(path string) (bool, error) { return listeningIn("/proc/net/unix", path) }
+
+// ListeningIn is Listening as process pid sees it: in pid's network
+// namespace (Unix sockets are listed per namespace).
+func ListeningIn(pid int, path string) (bool, error) {
+	return listeningIn(fmt.Sprintf("/proc/%d/net/unix", pid), path)
+}
+
+func listeningIn(table, path string) (bool, error) {
+	f, err := os.Open(table)
 	if err != nil {
 		return false, err
 	}

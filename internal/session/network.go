@@ -1,0 +1,147 @@
+package session
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+
+	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/firewall"
+	"github.com/nethersandbox/nether/internal/meter"
+	"github.com/nethersandbox/nether/internal/netlog"
+	"github.com/nethersandbox/nether/internal/netstack"
+	"github.com/nethersandbox/nether/internal/timeline"
+)
+
+// The network (net = 1): the guest's NIC is an engine endpoint carrying
+// Ethernet frames; nether terminates the guest's TCP and UDP in a
+// user-mode stack (internal/netstack) and opens host sockets for what the
+// firewall allows. Every new flow is on the record (__netlog__, NET
+// events) and counted (net_tx, net_rx, net_blocked).
+
+// rules is the sandbox's firewall, from its own nether.conf (a fork's
+// included: the firewall is never inherited).
+func (s *Session) rules() firewall.Rules {
+	return firewall.Rules{Open: s.cfg.NetOpen, Allow: s.cfg.NetAllow, Block: s.cfg.NetBlock}
+}
+
+// startNetwork brings the network stack up on the machine's NIC, before
+// the guest runs (a boot) or resumes (a restore).
+func (s *Session) startNetwork(m engine.Machine) error {
+	if !s.cfg.Net {
+		return nil
+	}
+	link := m.NIC()
+	if link == nil {
+		return fmt.Errorf("net = 1, but the engine gave the machine no NIC")
+	}
+	rules := s.rules()
+	st, err := netstack.New(netstack.Config{
+		Policy: func(proto netstack.Proto, dst netip.AddrPort) bool {
+			return rules.Allows(dst.Addr())
+		},
+		OnFlow: func(f netstack.Flow) {
+			d := rules.Decide(f.Dst.Addr())
+			verdict := "ALLOW"
+			if !f.Allowed {
+				verdict = "BLOCK"
+			}
+			why := d.Rule
+			if f.Reason != "" {
+				why = f.Reason
+			}
+			ms := s.meter.Elapsed().Milliseconds()
+			if f.Proto == netstack.TCP || f.Proto == netstack.UDP {
+				s.flows.Add(netlog.Entry{MS: ms, Proto: string(f.Proto), Dst: f.Dst, Allowed: f.Allowed})
+			}
+			s.events.Addf(timeline.NET, "%s %s %s rule=%s", f.Proto, f.Dst, verdict, why)
+		},
+		RateKbps: s.cfg.NetRateKbps,
+		Log:      s.log.With("part", "net"),
+	}, link)
+	if err != nil {
+		return fmt.Errorf("starting the network: %w", err)
+	}
+	s.net = st
+	s.meter.SetNet(func() meter.Net {
+		n := st.Stats()
+		return meter.Net{Tx: n.TxBytes, Rx: n.RxBytes, Blocked: n.Blocked + n.Refused}
+	})
+	s.log.Info("network up", "firewall", firewallState(s.cfg.NetOpen), "allow", firewall.FormatList(s.cfg.NetAllow),
+		"block", firewall.FormatList(s.cfg.NetBlock), "rate_kbps", s.cfg.NetRateKbps)
+	return nil
+}
+
+// stopNetwork closes every host socket of the guest's flows.
+func (s *Session) stopNetwork() {
+	if s.net != nil {
+		s.net.Close()
+	}
+}
+
+func firewallState(open bool) string {
+	if open {
+		return "off"
+	}
+	return "on"
+}
+
+// netComponent carries the guest's TCP connections across a capture: the
+// host sockets behind them cannot cross, so a restore resets each one in
+// the guest at once (a guest blocked in recv() sees a reset, never a
+// hang) and the guest's next connection works.
+type netComponent struct {
+	s *Session
+	// pending are the connections a restore read, reset once the
+	// restored guest runs.
+	pending []netstack.GuestConn
+}
+
+type netSection struct {
+	Conns []netstack.GuestConn `json:"conns"`
+}
+
+// netSectionMax bounds the connections a section may name: the stack's
+// own flow cap, with room.
+const netSectionMax = 4096
+
+func (c *netComponent) Name() string     { return "net" }
+func (c *netComponent) Version() int     { return 1 }
+func (c *netComponent) Required() bool   { return false }
+func (c *netComponent) Quiescent() error { return nil }
+func (c *netComponent) Freeze()          {}
+func (c *netComponent) Thaw()            {}
+
+func (c *netComponent) Save() (json.RawMessage, error) {
+	var sec netSection
+	if c.s != nil && c.s.net != nil {
+		sec.Conns = c.s.net.GuestConns()
+	}
+	return json.Marshal(sec)
+}
+
+func (c *netComponent) Restore(version int, data json.RawMessage) error {
+	if data == nil {
+		return nil
+	}
+	var sec netSection
+	if err := json.Unmarshal(data, &sec); err != nil {
+		return fmt.Errorf("net section: %w", err)
+	}
+	if len(sec.Conns) > netSectionMax {
+		return fmt.Errorf("net section names %d connections, over %d", len(sec.Conns), netSectionMax)
+	}
+	c.pending = sec.Conns
+	return nil
+}
+
+// resetCarried resets, in the restored guest, the connections its
+// artifact carried.
+func (c *netComponent) resetCarried() {
+	if c.s == nil || c.s.net == nil || len(c.pending) == 0 {
+		return
+	}
+	c.s.log.Info("resetting the guest's connections from before the capture", "count", len(c.pending))
+	c.s.net.ResetGuestConns(c.pending)
+	c.pending = nil
+}
