@@ -81,7 +81,7 @@ func nettool(t *testing.T) string {
 	t.Helper()
 	nettoolOnce.Do(func() {
 		dir := filepath.Join(binDir, "nettool")
-		nettoolErr = testharness.Build(repoRoot, dir, []string{"-trimpath"}, "./test/nettool")
+		nettoolErr = testharness.Build(repoRoot, dir, []string{"-trimpath", "-tags", "netgo,osusergo"}, "./test/nettool") // static: the guest has no libc
 		nettoolBin = filepath.Join(dir, "nettool")
 	})
 	if nettoolErr != nil {
@@ -349,7 +349,10 @@ func TestNetFlood(t *testing.T) {
 	}
 	st := statsOf(t, c)
 	t.Logf("after the flood: net_blocked=%s", st["net_blocked"])
-	if rss := rssKiB(sb.h.Pid()); rss > 400<<10 {
+	// The e2e nether is built with -race, whose shadow memory inflates
+	// every allocation several times: this bound only catches a runaway
+	// (bench/net measures the stack's real cost).
+	if rss := rssKiB(sb.h.Pid()); rss > 1<<20 {
 		t.Errorf("nether's RSS is %d KiB after the flood", rss)
 	} else {
 		t.Logf("nether's RSS after the flood: %d KiB", rss)
