@@ -44,7 +44,8 @@ func main() {
 		fail(err)
 	}
 	defer os.RemoveAll(tmp)
-	if err := testharness.Build(repo, tmp, []string{"-trimpath", "-tags", "netgo,osusergo"}, "./test/nettool") // static: the guest has no libc; err != nil {
+	// Static (netgo, osusergo): the guest has no libc.
+	if err := testharness.Build(repo, tmp, []string{"-trimpath", "-tags", "netgo,osusergo"}, "./test/nettool"); err != nil {
 		fail(err)
 	}
 	tool := filepath.Join(tmp, "nettool")
