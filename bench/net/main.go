@@ -181,6 +181,8 @@ func slirpRun(repo, tmp, tool string, cmds []string) ([]string, error) {
 		"-kernel", filepath.Join(guest, "vmlinux"), "-initrd", initrd,
 		"-append", session.KernelCmdline(true, "slirp", true),
 		"-netdev", "user,id=n0", "-device", "virtio-net-pci,netdev=n0,romfile=",
+		// The agent looks for its channel port even in console mode.
+		"-chardev", "null,id=ch", "-device", "virtio-serial-pci", "-device", "virtserialport,chardev=ch,name=nether.channel",
 		"-serial", "stdio")
 	in, _ := q.StdinPipe()
 	out, _ := q.StdoutPipe()
@@ -203,10 +205,25 @@ func slirpRun(repo, tmp, tool string, cmds []string) ([]string, error) {
 			}
 		}
 	}
-	fmt.Fprintln(in, "echo console-ready")
-	if _, err := waitFor(regexp.MustCompile(`^console-ready`)); err != nil {
+	// Keep asking until the shell is there to answer: what is typed
+	// before it starts is lost.
+	ready := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-ready:
+				return
+			case <-time.After(time.Second):
+				fmt.Fprintln(in, "echo console-ready")
+			}
+		}
+	}()
+	_, err := waitFor(regexp.MustCompile(`^console-ready`))
+	close(ready)
+	if err != nil {
 		return nil, err
 	}
+	time.Sleep(time.Second) // let a queued echo come and go
 	var res []string
 	for _, cmd := range cmds {
 		fmt.Fprintf(in, "/nettool %s; echo nettool-done\n", cmd)
