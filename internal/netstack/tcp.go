@@ -1,28 +1,63 @@
 package netstack
 
 import (
+	"context"
 	"io"
-	"net"
+	"sync/atomic"
 
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
 )
 
-// tcpFlow handles a guest's SYN. The forwarder holds at most MaxHalfOpen
-// of these at once (past it the SYN is dropped, and the guest retries),
-// so a SYN flood costs a bounded number of goroutines.
+// halfOpenMargin is how many SYNs over MaxHalfOpen may be in the
+// forwarder at once, each only long enough to be refused with a reset.
+const halfOpenMargin = 32
+
+// tcpFlow handles a guest's SYN, on a goroutine of the forwarder's
+// (at most MaxHalfOpen+halfOpenMargin at once, so a SYN flood costs a
+// bounded number): a reset at once when the policy or a cap refuses it;
+// otherwise the host connect first, and the guest's handshake completes
+// only once it succeeded, so the guest sees the host's refusal as its
+// own.
 func (n *Stack) tcpFlow(r *tcp.ForwarderRequest) {
+	if !n.enter() {
+		r.Complete(true)
+		return
+	}
+	defer n.wg.Done()
 	id := r.ID()
 	dst := addrPort(id.LocalAddress, id.LocalPort)
+	if dst.Addr() == DNSAddr {
+		// Port 53 has its listener (dns.go); nothing else listens on
+		// the resolver's address.
+		r.Complete(true)
+		return
+	}
+	if n.halfOpen.Add(1) > int64(n.cfg.MaxHalfOpen) {
+		n.halfOpen.Add(-1)
+		f := Flow{Proto: TCP, Dst: dst, Allowed: n.cfg.Policy(TCP, dst)}
+		if f.Allowed {
+			n.refuse(&f, reasonHalfOpen)
+		} else {
+			n.blocked.Add(1)
+		}
+		n.report(f)
+		r.Complete(true)
+		return
+	}
+	defer n.halfOpen.Add(-1)
 	if !n.decide(TCP, dst) {
 		// A reset at once: the guest sees "connection refused" in
 		// milliseconds, never a timeout.
 		r.Complete(true)
 		return
 	}
-	hc, err := net.DialTimeout("tcp4", hostAddr(dst).String(), n.cfg.DialTimeout)
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)
+	hc, err := n.cfg.dial(ctx, "tcp4", hostAddr(dst).String())
+	cancel()
 	if err != nil {
+		n.log.Debug("host connect failed", "dst", dst, "err", err)
 		n.release()
 		r.Complete(true)
 		return
@@ -30,50 +65,68 @@ func (n *Stack) tcpFlow(r *tcp.ForwarderRequest) {
 	var wq waiter.Queue
 	ep, terr := r.CreateEndpoint(&wq)
 	if terr != nil {
+		// The guest gave up (its SYN timed out) or sent garbage.
 		n.release()
 		hc.Close()
 		r.Complete(true)
 		return
 	}
 	r.Complete(false)
-	gc := gonet.NewTCPConn(&wq, ep)
-	fc := &flowConn{guest: gc, host: hc, tcp: true,
-		id: GuestConn{Local: addrPort(id.RemoteAddress, id.RemotePort), Remote: dst}}
+	key := connKey{remote: dst, guestPort: id.RemotePort}
+	fc := &flowConn{guest: gonet.NewTCPConn(&wq, ep), host: hc, key: &key}
 	if !n.track(fc) {
 		n.release()
 		fc.close()
 		return
 	}
-	go n.splice(fc)
+	if !n.spawn(func() { n.splice(fc) }) {
+		n.untrack(fc)
+		n.release()
+		fc.close()
+	}
 }
 
-// splice copies both ways until both are done, counting payload bytes;
-// host -> guest goes through the rate cap.
+// splice copies both ways until both are done, counting payload bytes
+// as they pass; host -> guest goes through the rate cap. A direction's
+// end of stream is passed on as a half-close (a guest's
+// shutdown(SHUT_WR) reaches the host peer as a FIN, and the other way
+// round); an error on either side (a reset) ends both.
 func (n *Stack) splice(fc *flowConn) {
 	defer n.release()
 	defer n.untrack(fc)
 	defer fc.close()
-	done := make(chan struct{}, 2)
+	done := make(chan struct{}, 1)
 	go func() {
-		k, _ := io.Copy(fc.host, fc.guest)
-		n.tx.Add(uint64(k))
-		if c, ok := fc.host.(*net.TCPConn); ok {
+		defer func() { done <- struct{}{} }()
+		if _, err := io.Copy(counter{fc.host, &n.tx}, fc.guest); err != nil {
+			fc.close()
+			return
+		}
+		if c, ok := fc.host.(interface{ CloseWrite() error }); ok {
 			c.CloseWrite()
 		}
-		done <- struct{}{}
 	}()
-	go func() {
-		var src io.Reader = fc.host
-		if n.rate != nil {
-			src = &paced{r: fc.host, b: n.rate, ctx: n.ctx}
-		}
-		k, _ := io.Copy(fc.guest, src)
-		n.rx.Add(uint64(k))
-		if c, ok := fc.guest.(*gonet.TCPConn); ok {
-			c.CloseWrite()
-		}
-		done <- struct{}{}
-	}()
+	var src io.Reader = fc.host
+	if n.rate != nil {
+		src = &paced{r: fc.host, b: n.rate, ctx: n.ctx}
+	}
+	if _, err := io.Copy(counter{fc.guest, &n.rx}, src); err != nil {
+		fc.close()
+	} else if c, ok := fc.guest.(interface{ CloseWrite() error }); ok {
+		c.CloseWrite()
+	}
 	<-done
-	<-done
+}
+
+// counter adds what is written through it to a counter as it goes, so
+// that Stats sees a long transfer's progress.
+type counter struct {
+	w io.Writer
+	c *atomic.Uint64
+}
+
+func (c counter) Write(p []byte) (int, error) {
+	k, err := c.w.Write(p)
+	c.c.Add(uint64(k))
+	return k, err
 }

@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"context"
 	"net"
 	"time"
 
@@ -9,39 +10,28 @@ import (
 	"gvisor.dev/gvisor/pkg/waiter"
 )
 
-// udpIdle ends a UDP flow nobody used for this long.
+// udpIdle ends a UDP flow that carried nothing either way for this long.
 const udpIdle = 60 * time.Second
 
-// udpFlow handles the first datagram of a guest's UDP flow: DNS to
-// 10.0.2.3 is answered here; anything else is relayed on a host socket of
-// its own if the policy allows it.
+// udpFlow handles the first datagram of a guest's UDP flow (a new
+// guest port and destination), on the stack's packet path: if the
+// policy and the flow cap allow it, the flow gets a host socket of its
+// own. DNS to 10.0.2.3:53 never reaches here (dns.go binds it); any other
+// port on 10.0.2.3 is dropped.
 func (n *Stack) udpFlow(r *udp.ForwarderRequest) bool {
 	id := r.ID()
 	dst := addrPort(id.LocalAddress, id.LocalPort)
 	if dst.Addr() == DNSAddr {
-		if dst.Port() != 53 {
-			return true // nothing else listens on the resolver's address
-		}
-		select {
-		case n.dns <- struct{}{}:
-		default:
-			n.dropped.Add(1) // a query flood: the guest retries later
-			return true
-		}
-		var wq waiter.Queue
-		ep, err := r.CreateEndpoint(&wq)
-		if err != nil {
-			<-n.dns
-			return true
-		}
-		go n.serveDNS(gonet.NewUDPConn(&wq, ep))
 		return true
 	}
 	if !n.decide(UDP, dst) {
 		return true
 	}
-	hc, err := net.Dial("udp4", hostAddr(dst).String())
+	ctx, cancel := context.WithTimeout(n.ctx, n.cfg.DialTimeout)
+	hc, err := n.cfg.dial(ctx, "udp4", hostAddr(dst).String())
+	cancel()
 	if err != nil {
+		n.log.Debug("host UDP socket failed", "dst", dst, "err", err)
 		n.release()
 		return true
 	}
@@ -58,38 +48,56 @@ func (n *Stack) udpFlow(r *udp.ForwarderRequest) bool {
 		fc.close()
 		return true
 	}
-	go n.relayUDP(fc)
+	if !n.spawn(func() { n.relayUDP(fc) }) {
+		n.untrack(fc)
+		n.release()
+		fc.close()
+	}
 	return true
 }
 
-// relayUDP moves datagrams both ways until the flow idles.
+// relayUDP moves datagrams both ways until the flow idles: a datagram
+// either way keeps both directions alive. Host -> guest waits for the
+// rate cap; meanwhile the host kernel's socket buffer holds what
+// arrives and drops the excess, as a slow link would.
 func (n *Stack) relayUDP(fc *flowConn) {
 	defer n.release()
 	defer n.untrack(fc)
 	defer fc.close()
-	done := make(chan struct{}, 2)
-	move := func(from, to net.Conn, count func(int), pace bool) {
-		defer func() { done <- struct{}{} }()
+	var last atomicTime
+	last.touch()
+	done := make(chan struct{}, 1)
+	move := func(from, to net.Conn, c *counter, pace bool) {
 		buf := make([]byte, 65536)
 		for {
+			// Wake every idle period to see whether the other
+			// direction kept the flow alive.
 			from.SetReadDeadline(time.Now().Add(udpIdle))
 			k, err := from.Read(buf)
 			if err != nil {
+				if isTimeout(err) && !last.idle(udpIdle) {
+					continue
+				}
 				return
 			}
-			if pace && n.rate != nil {
-				if n.rate.take(n.ctx, k) != nil {
-					return
-				}
+			last.touch()
+			if pace && n.rate != nil && n.rate.take(n.ctx, k) != nil {
+				return
 			}
-			if _, err := to.Write(buf[:k]); err == nil {
-				count(k)
-			}
+			c.Write(buf[:k]) // a datagram lost on the way is lost
 		}
 	}
-	go move(fc.guest, fc.host, func(k int) { n.tx.Add(uint64(k)) }, false)
-	go move(fc.host, fc.guest, func(k int) { n.rx.Add(uint64(k)) }, true)
-	<-done
+	go func() {
+		defer func() { done <- struct{}{} }()
+		move(fc.guest, fc.host, &counter{fc.host, &n.tx}, false)
+		fc.close()
+	}()
+	move(fc.host, fc.guest, &counter{fc.guest, &n.rx}, true)
 	fc.close()
 	<-done
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
 }

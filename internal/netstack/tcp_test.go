@@ -1,0 +1,104 @@
+package netstack
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestTCP(t *testing.T) {
+	l := echoServer(t)
+	for _, tc := range []struct {
+		name    string
+		allow   bool
+		dst     netip.AddrPort
+		wantErr bool
+	}{
+		{"allowed through the gateway", true, gw(l.Addr()), false},
+		{"blocked", false, gw(l.Addr()), true},
+		{"allowed, nothing listening", true, netip.AddrPortFrom(GatewayAddr, 1), true},
+		{"resolver address, not port 53", true, netip.AddrPortFrom(DNSAddr, 80), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var flows []Flow
+			r := newRig(t, Config{
+				Policy: func(p Proto, dst netip.AddrPort) bool { return tc.allow },
+				OnFlow: func(f Flow) { mu.Lock(); flows = append(flows, f); mu.Unlock() },
+			})
+			start := time.Now()
+			c, err := r.g.dial(ctxT(t, 5*time.Second), tc.dst)
+			if tc.wantErr {
+				if err == nil {
+					c.Close()
+					t.Fatal("connected, want a refusal")
+				}
+				// A reset, not a timeout: well under a second.
+				if d := time.Since(start); d > time.Second {
+					t.Fatalf("refusal took %v", d)
+				}
+				if tc.name == "blocked" {
+					if s := r.n.Stats(); s.Blocked != 1 {
+						t.Fatalf("stats %+v, want one blocked", s)
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					if len(flows) != 1 || flows[0].Allowed || flows[0].Dst != tc.dst || flows[0].Proto != TCP {
+						t.Fatalf("flows %+v", flows)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			msg := bytes.Repeat([]byte("nether"), 10000)
+			go c.Write(msg)
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("echo: %v", err)
+			}
+			c.Close()
+			waitFor(t, func() bool {
+				s := r.n.Stats()
+				return s.TxBytes == uint64(len(msg)) && s.RxBytes == uint64(len(msg)) && s.Flows == 0
+			})
+		})
+	}
+}
+
+// TestTCPHalfClose: the guest's shutdown(SHUT_WR) reaches the host peer
+// as end of stream, and the host's answer after it still arrives.
+func TestTCPHalfClose(t *testing.T) {
+	l := echoServer(t)
+	r := newRig(t, Config{})
+	c, err := r.g.dial(ctxT(t, 5*time.Second), gw(l.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("bye"))
+	c.CloseWrite()
+	got, err := io.ReadAll(c)
+	if err != nil || string(got) != "bye" {
+		t.Fatalf("read %q, %v", got, err)
+	}
+}
+
+func waitFor(t testing.TB, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met in 5 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+var errTimeout = errors.New("timeout")
