@@ -125,7 +125,7 @@ func main() {
 	}
 	harness.Run(ic, "true")
 	time.Sleep(2 * time.Second)
-	withNet, without := rssKiB(idle.Pid()), rssKiB(plain.Pid())
+	withNet, without := testharness.RSSKiB(idle.Pid()), testharness.RSSKiB(plain.Pid())
 	fmt.Printf("  nether's RSS, idle: with net = 1 %d KiB, without %d KiB: the network stack costs %d KiB\n", withNet, without, withNet-without)
 }
 
@@ -268,19 +268,6 @@ func field(line, key string) float64 {
 	}
 	v, _ := strconv.ParseFloat(m[1], 64)
 	return v
-}
-
-func rssKiB(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(b)
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(string(m[1]))
-	return n
 }
 
 func fail(err error) {

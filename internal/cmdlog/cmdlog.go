@@ -5,9 +5,9 @@ package cmdlog
 
 import (
 	"strconv"
-	"sync"
 
 	"github.com/nethersandbox/nether/internal/logtext"
+	"github.com/nethersandbox/nether/internal/ring"
 )
 
 // DefaultCapacity is how many commands the log keeps; older entries are
@@ -28,19 +28,14 @@ type Entry struct {
 }
 
 // Log is safe for concurrent use.
-type Log struct {
-	mu      sync.Mutex
-	ring    []Entry
-	n       uint64 // entries ever added
-	dropped uint64
-}
+type Log struct{ r *ring.Ring[Entry] }
 
 // New makes a log of capacity entries (≤ 0: DefaultCapacity).
 func New(capacity int) *Log {
 	if capacity <= 0 {
 		capacity = DefaultCapacity
 	}
-	return &Log{ring: make([]Entry, capacity)}
+	return &Log{r: ring.New[Entry](capacity)}
 }
 
 // Add records a finished command. Exit is clamped to 0..255 (an exit
@@ -55,30 +50,13 @@ func (l *Log) Add(e Entry) {
 	}
 	e.CPUMS = max(e.CPUMS, 0)
 	e.Command = logtext.Escape(logtext.Truncate(e.Command, MaxCommand))
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	size := uint64(len(l.ring))
-	if l.n >= size {
-		l.dropped++
-	}
-	l.ring[l.n%size] = e
-	l.n++
+	l.r.Add(e)
 }
 
 // Entries returns the entries held, oldest first, and how many older ones
 // were dropped.
 func (l *Log) Entries() (entries []Entry, dropped uint64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	size := uint64(len(l.ring))
-	first := uint64(0)
-	if l.n > size {
-		first = l.n - size
-	}
-	for i := first; i < l.n; i++ {
-		entries = append(entries, l.ring[i%size])
-	}
-	return entries, l.dropped
+	return l.r.Entries()
 }
 
 // Reply renders the __cmdlog__ reply: "CMDLOG <count>[ dropped=<n>]",

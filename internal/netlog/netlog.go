@@ -5,7 +5,8 @@ package netlog
 import (
 	"net/netip"
 	"strconv"
-	"sync"
+
+	"github.com/nethersandbox/nether/internal/ring"
 )
 
 // DefaultCapacity is how many flows the log keeps; older ones are
@@ -22,19 +23,14 @@ type Entry struct {
 }
 
 // Log is safe for concurrent use.
-type Log struct {
-	mu      sync.Mutex
-	ring    []Entry
-	n       uint64
-	dropped uint64
-}
+type Log struct{ r *ring.Ring[Entry] }
 
 // New makes a log of capacity entries (≤ 0: DefaultCapacity).
 func New(capacity int) *Log {
 	if capacity <= 0 {
 		capacity = DefaultCapacity
 	}
-	return &Log{ring: make([]Entry, capacity)}
+	return &Log{r: ring.New[Entry](capacity)}
 }
 
 // Add records a flow attempt.
@@ -42,30 +38,13 @@ func (l *Log) Add(e Entry) {
 	if l == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	size := uint64(len(l.ring))
-	if l.n >= size {
-		l.dropped++
-	}
-	l.ring[l.n%size] = e
-	l.n++
+	l.r.Add(e)
 }
 
 // Entries returns the entries held, oldest first, and how many older ones
 // were dropped.
 func (l *Log) Entries() (entries []Entry, dropped uint64) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	size := uint64(len(l.ring))
-	first := uint64(0)
-	if l.n > size {
-		first = l.n - size
-	}
-	for i := first; i < l.n; i++ {
-		entries = append(entries, l.ring[i%size])
-	}
-	return entries, l.dropped
+	return l.r.Entries()
 }
 
 // Reply renders the __netlog__ reply: "NETLOG <count>[ dropped=<n>]",

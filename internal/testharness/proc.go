@@ -271,3 +271,18 @@ func listeningIn(table, path string) (bool, error) {
 	}
 	return false, sc.Err()
 }
+
+// RSSKiB is a process's resident set in KiB, 0 when it cannot be read.
+func RSSKiB(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			n, _ := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			return n
+		}
+	}
+	return 0
+}

@@ -352,7 +352,7 @@ func TestNetFlood(t *testing.T) {
 	// The e2e nether is built with -race, whose shadow memory inflates
 	// every allocation several times: this bound only catches a runaway
 	// (bench/net measures the stack's real cost).
-	if rss := rssKiB(sb.h.Pid()); rss > 1<<20 {
+	if rss := testharness.RSSKiB(sb.h.Pid()); rss > 1<<20 {
 		t.Errorf("nether's RSS is %d KiB after the flood", rss)
 	} else {
 		t.Logf("nether's RSS after the flood: %d KiB", rss)
@@ -360,18 +360,4 @@ func TestNetFlood(t *testing.T) {
 	if out, _ := timedConnect(t, c, "203.0.113.2:8080"); out != "hello from pub" {
 		t.Errorf("a connection after the flood: %q", out)
 	}
-}
-
-// rssKiB reads a process's resident set.
-func rssKiB(pid int) int {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0
-	}
-	m := regexp.MustCompile(`VmRSS:\s+(\d+) kB`).FindSubmatch(b)
-	if m == nil {
-		return 0
-	}
-	n, _ := strconv.Atoi(string(m[1]))
-	return n
 }
