@@ -18,7 +18,8 @@ const (
 // decide applies the policy and the flow cap to a new flow and reports
 // it. A flow it admits holds a slot until release.
 func (n *Stack) decide(proto Proto, dst netip.AddrPort) bool {
-	f := Flow{Proto: proto, Dst: dst, Allowed: n.cfg.Policy(proto, dst)}
+	v := n.cfg.Policy(proto, dst)
+	f := Flow{Proto: proto, Dst: dst, Allowed: v.Allow, Rule: v.Rule}
 	if !f.Allowed {
 		n.blocked.Add(1)
 	} else if n.flows.Add(1) > int64(n.cfg.MaxFlows) {

@@ -197,7 +197,7 @@ type rig struct {
 	g *guest
 }
 
-func allowAll(Proto, netip.AddrPort) bool { return true }
+func allowAll(Proto, netip.AddrPort) Verdict { return Verdict{Allow: true} }
 
 func newRig(t testing.TB, cfg Config) rig {
 	t.Helper()

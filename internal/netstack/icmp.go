@@ -39,12 +39,16 @@ func (n *Stack) ping(f []byte) bool {
 		return true
 	}
 	dst := netip.AddrFrom4(ip.DestinationAddress().As4())
-	allowed := dst == GatewayAddr || dst == DNSAddr || n.cfg.Policy(ICMP, netip.AddrPortFrom(dst, 0))
+	v := Verdict{Allow: true, Rule: "the stack's own address"}
+	if dst != GatewayAddr && dst != DNSAddr {
+		v = n.cfg.Policy(ICMP, netip.AddrPortFrom(dst, 0))
+	}
+	allowed := v.Allow
 	if n.pings.first(dst, ic.Ident()) {
 		if !allowed {
 			n.blocked.Add(1)
 		}
-		n.report(Flow{Proto: ICMP, Dst: netip.AddrPortFrom(dst, 0), Allowed: allowed})
+		n.report(Flow{Proto: ICMP, Dst: netip.AddrPortFrom(dst, 0), Allowed: allowed, Rule: v.Rule})
 	}
 	var reply []byte
 	if allowed {

@@ -46,7 +46,7 @@ func sniffICMP(g *guest) chan header.ICMPv4 {
 
 func TestPing(t *testing.T) {
 	blocked := netip.MustParseAddr("192.0.2.9")
-	r := newRig(t, Config{Policy: func(_ Proto, dst netip.AddrPort) bool { return dst.Addr() != blocked }})
+	r := newRig(t, Config{Policy: func(_ Proto, dst netip.AddrPort) Verdict { return Verdict{Allow: dst.Addr() != blocked} }})
 	got := sniffICMP(r.g)
 	for _, tc := range []struct {
 		dst  netip.Addr

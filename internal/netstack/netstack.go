@@ -52,13 +52,17 @@ const (
 	ICMP Proto = "ICMP"
 )
 
-// Verdict is a policy's answer, for callers that keep one.
-type Verdict struct{ Allow bool }
+// Verdict is a policy's answer: whether the flow may go on, and the rule
+// that decided, which the stack reports with the flow (Flow.Rule).
+type Verdict struct {
+	Allow bool
+	Rule  string
+}
 
 // Policy decides a new flow by the address the guest asked for (dst):
 // 10.0.2.2:port is decided as 10.0.2.2, though nether then dials the
 // host's 127.0.0.1:port.
-type Policy func(proto Proto, dst netip.AddrPort) bool
+type Policy func(proto Proto, dst netip.AddrPort) Verdict
 
 // Flow is one new flow attempt, allowed or not. Reason says why a flow
 // the policy allowed was refused anyway ("flow limit", "half-open
@@ -67,6 +71,7 @@ type Flow struct {
 	Proto   Proto
 	Dst     netip.AddrPort
 	Allowed bool
+	Rule    string // the policy's Verdict.Rule
 	Reason  string
 }
 

@@ -36,7 +36,8 @@ func (n *Stack) tcpFlow(r *tcp.ForwarderRequest) {
 	}
 	if n.halfOpen.Add(1) > int64(n.cfg.MaxHalfOpen) {
 		n.halfOpen.Add(-1)
-		f := Flow{Proto: TCP, Dst: dst, Allowed: n.cfg.Policy(TCP, dst)}
+		v := n.cfg.Policy(TCP, dst)
+		f := Flow{Proto: TCP, Dst: dst, Allowed: v.Allow, Rule: v.Rule}
 		if f.Allowed {
 			n.refuse(&f, reasonHalfOpen)
 		} else {

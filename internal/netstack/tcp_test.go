@@ -27,7 +27,7 @@ func TestTCP(t *testing.T) {
 			var mu sync.Mutex
 			var flows []Flow
 			r := newRig(t, Config{
-				Policy: func(p Proto, dst netip.AddrPort) bool { return tc.allow },
+				Policy: func(p Proto, dst netip.AddrPort) Verdict { return Verdict{Allow: tc.allow, Rule: "test rule"} },
 				OnFlow: func(f Flow) { mu.Lock(); flows = append(flows, f); mu.Unlock() },
 			})
 			start := time.Now()
@@ -47,7 +47,7 @@ func TestTCP(t *testing.T) {
 					}
 					mu.Lock()
 					defer mu.Unlock()
-					if len(flows) != 1 || flows[0].Allowed || flows[0].Dst != tc.dst || flows[0].Proto != TCP {
+					if len(flows) != 1 || flows[0].Allowed || flows[0].Dst != tc.dst || flows[0].Proto != TCP || flows[0].Rule != "test rule" {
 						t.Fatalf("flows %+v", flows)
 					}
 				}

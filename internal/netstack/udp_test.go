@@ -38,7 +38,7 @@ func TestUDP(t *testing.T) {
 		{"blocked", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newRig(t, Config{Policy: func(Proto, netip.AddrPort) bool { return tc.allow }})
+			r := newRig(t, Config{Policy: func(Proto, netip.AddrPort) Verdict { return Verdict{Allow: tc.allow} }})
 			c := r.g.dialUDP(t, gw(srv.LocalAddr()))
 			buf := make([]byte, 100)
 			got := 0

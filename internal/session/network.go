@@ -37,16 +37,16 @@ func (s *Session) startNetwork(m engine.Machine) error {
 	}
 	rules := s.rules()
 	st, err := netstack.New(netstack.Config{
-		Policy: func(proto netstack.Proto, dst netip.AddrPort) bool {
-			return rules.Allows(dst.Addr())
+		Policy: func(proto netstack.Proto, dst netip.AddrPort) netstack.Verdict {
+			d := rules.Decide(dst.Addr())
+			return netstack.Verdict{Allow: d.Allow, Rule: d.Rule}
 		},
 		OnFlow: func(f netstack.Flow) {
-			d := rules.Decide(f.Dst.Addr())
 			verdict := "ALLOW"
 			if !f.Allowed {
 				verdict = "BLOCK"
 			}
-			why := d.Rule
+			why := f.Rule
 			if f.Reason != "" {
 				why = f.Reason
 			}
