@@ -53,13 +53,7 @@ func (l *Log) Entries() (entries []Entry, dropped uint64) {
 func (l *Log) Reply() []byte {
 	entries, dropped := l.Entries()
 	b := make([]byte, 0, 32+len(entries)*40)
-	b = append(b, "NETLOG "...)
-	b = strconv.AppendInt(b, int64(len(entries)), 10)
-	if dropped > 0 {
-		b = append(b, " dropped="...)
-		b = strconv.AppendUint(b, dropped, 10)
-	}
-	b = append(b, '\n')
+	b = ring.AppendHeader(b, "NETLOG", len(entries), dropped)
 	for _, e := range entries {
 		b = strconv.AppendInt(b, e.MS, 10)
 		b = append(b, ' ')

@@ -3,7 +3,10 @@
 // size and a count of what was dropped, never more memory.
 package ring
 
-import "sync"
+import (
+	"strconv"
+	"sync"
+)
 
 // Ring keeps the newest entries. It is safe for concurrent use.
 type Ring[T any] struct {
@@ -45,4 +48,18 @@ func (r *Ring[T]) Entries() (entries []T, dropped uint64) {
 		entries = append(entries, r.buf[i%size])
 	}
 	return entries, r.dropped
+}
+
+// AppendHeader appends the header line every log reply starts with:
+// head (the reply's word, and any field before the count), the count of
+// lines that follow, and " dropped=<n>" when the ring lost entries.
+func AppendHeader(b []byte, head string, count int, dropped uint64) []byte {
+	b = append(b, head...)
+	b = append(b, ' ')
+	b = strconv.AppendInt(b, int64(count), 10)
+	if dropped > 0 {
+		b = append(b, " dropped="...)
+		b = strconv.AppendUint(b, dropped, 10)
+	}
+	return append(b, '\n')
 }

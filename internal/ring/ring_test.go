@@ -31,3 +31,20 @@ func TestRing(t *testing.T) {
 		})
 	}
 }
+
+func TestAppendHeader(t *testing.T) {
+	for _, tc := range []struct {
+		head    string
+		count   int
+		dropped uint64
+		want    string
+	}{
+		{"CMDLOG", 0, 0, "CMDLOG 0\n"},
+		{"NETLOG", 3, 0, "NETLOG 3\n"},
+		{"EVENTS 57", 2, 9, "EVENTS 57 2 dropped=9\n"},
+	} {
+		if got := string(AppendHeader([]byte("x"), tc.head, tc.count, tc.dropped)); got != "x"+tc.want {
+			t.Errorf("AppendHeader(%q, %d, %d) = %q, want %q", tc.head, tc.count, tc.dropped, got, "x"+tc.want)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/internal/logtext"
+	"github.com/nethersandbox/nether/internal/ring"
 )
 
 // Kind is the class of an event.
@@ -116,15 +117,7 @@ func (t *Timeline) Since(cursor uint64) (events []Event, next, dropped uint64) {
 func (t *Timeline) Reply(cursor uint64) []byte {
 	events, next, dropped := t.Since(cursor)
 	b := make([]byte, 0, 64+len(events)*48)
-	b = append(b, "EVENTS "...)
-	b = strconv.AppendUint(b, next, 10)
-	b = append(b, ' ')
-	b = strconv.AppendInt(b, int64(len(events)), 10)
-	if dropped > 0 {
-		b = append(b, " dropped="...)
-		b = strconv.AppendUint(b, dropped, 10)
-	}
-	b = append(b, '\n')
+	b = ring.AppendHeader(b, "EVENTS "+strconv.FormatUint(next, 10), len(events), dropped)
 	for _, e := range events {
 		b = strconv.AppendUint(b, e.Seq, 10)
 		b = append(b, ' ')
