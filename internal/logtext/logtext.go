@@ -5,6 +5,7 @@
 package logtext
 
 import (
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -56,19 +57,5 @@ func Truncate(s string, max int) string {
 	for cut > 0 && !utf8.RuneStart(s[cut]) {
 		cut--
 	}
-	return s[:cut] + "...[" + itoa(len(s)-cut) + " more bytes]"
-}
-
-func itoa(n int) string {
-	if n == 0 {
-		return "0"
-	}
-	var d [20]byte
-	i := len(d)
-	for n > 0 {
-		i--
-		d[i] = byte('0' + n%10)
-		n /= 10
-	}
-	return string(d[i:])
+	return s[:cut] + "...[" + strconv.Itoa(len(s)-cut) + " more bytes]"
 }
