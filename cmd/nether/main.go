@@ -50,6 +50,13 @@ nether.conf keys (key = value, # comments):
   kernel, image     guest kernel and initramfs (default: what setup built)
   sandbox_id        1-128 printable ASCII bytes, no spaces (default: minted)
   hostname          guest hostname, one DNS label (default: minted)
+  gpu               0|1: a display for __frame__/__framediff__ (default 0)
+  net               0|1: eth0 behind nether's NAT and firewall (default 0)
+  net_open          0|1: turn the firewall's default deny off (default 0)
+  net_allow, net_block
+                    comma-separated CIDR lists let through / always blocked:
+                    net_allow = 10.0.0.0/8, 192.168.0.0/16
+  net_rate_kbps     download cap in kbit/s, 0 = unlimited (default 0)
 
 Snapshots (control mode): __snapshot__ [path] captures a base into the
 launch directory and keeps running; __park__ [path] captures a one-shot

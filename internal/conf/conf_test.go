@@ -307,6 +307,8 @@ func TestParseErrors(t *testing.T) {
 		{"net_block empty item", "net_block = 1.2.3.0/24,", 1, "net_block", "item 2 is empty"},
 		{"net_allow missing comma", "net_allow = 10.0.0.0/8 192.168.0.0/16", 1, "net_allow", `is not a CIDR prefix`},
 		{"net_rate_kbps bad", "net_rate_kbps = fast", 1, "net_rate_kbps", `"fast" is not a whole number`},
+		{"net bad", "net = maybe", 1, "net", `"maybe" is not a boolean`},
+		{"net_open bad", "net_open = 2", 1, "net_open", `"2" is not a boolean`},
 		{"net spaces elsewhere still refused", "net = 1 1", 1, "net", "is not a single value"},
 		{"restore bad", "restore = 2", 1, "restore", "not a boolean"},
 		{"snapshot_allow_dirty bad", "snapshot_allow_dirty = y", 1, "snapshot_allow_dirty", "not a boolean"},
