@@ -28,6 +28,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+
+	"github.com/nethersandbox/nether/internal/engine"
 )
 
 // The guest's network.
@@ -126,7 +128,7 @@ type Stack struct {
 
 const (
 	nicID = 1
-	mtu   = 1500
+	mtu   = engine.NICMTU
 )
 
 // New starts a stack on link, the host end of the NIC's frame channel

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/client"
+	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/testharness"
 )
 
@@ -57,6 +58,10 @@ func netBase(t *testing.T) string {
 		c := sb.dial()
 		if out := mustRun(t, c, "ip -4 addr show eth0; cat /etc/resolv.conf"); !strings.Contains(out, "10.0.2.15/24") || !strings.Contains(out, "nameserver 10.0.2.3") {
 			t.Fatalf("the guest's network is not configured:\n%s", out)
+		}
+		// The NIC announces the link's MTU and the guest's driver takes it.
+		if out := strings.TrimSpace(mustRun(t, c, "cat /sys/class/net/eth0/mtu")); out != strconv.Itoa(engine.NICMTU) {
+			t.Fatalf("eth0's MTU is %s, want %d", out, engine.NICMTU)
 		}
 		netBaseArt = takeSnapshot(t, sb, c, "netbase")
 		shutdown(t, sb, c)

@@ -11,8 +11,8 @@ import (
 
 // nicDevice is the guest NIC: virtio-net on PCI with the fixed MAC and no
 // option ROM (the iPXE ROM would only cost firmware time; the guest never
-// boots from the network).
-const nicDevice = "virtio-net-pci,netdev=net0,mac=" + engine.NICMAC + ",romfile="
+// boots from the network), announcing the link's MTU (engine.NICMTU).
+var nicDevice = fmt.Sprintf("virtio-net-pci,netdev=net0,mac=%s,host_mtu=%d,romfile=", engine.NICMAC, engine.NICMTU)
 
 // nicNetdev is the NIC's backend: QEMU 7.2's dgram netdev on a descriptor
 // it inherits, which sends and receives one frame per message. Measured
