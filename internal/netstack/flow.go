@@ -62,13 +62,30 @@ func addrPort(a tcpip.Address, port uint16) netip.AddrPort {
 type flowConn struct {
 	once        sync.Once
 	guest, host net.Conn
-	key         *connKey // a TCP flow's, for GuestConns
+	ep          tcpip.Endpoint // a TCP flow's guest end, for reset
+	key         *connKey       // a TCP flow's, for GuestConns
 }
 
 // close ends both ends; a deadline first wakes any goroutine blocked on
 // the guest's end.
-func (c *flowConn) close() {
+func (c *flowConn) close() { c.end(false) }
+
+// reset ends a TCP flow with a reset on both sides, as a NAT passes one
+// on: a peer that reset its end (or whose connection broke) is seen as
+// a reset by the other, never as an orderly end of stream that could
+// pass a truncated transfer for a whole one.
+func (c *flowConn) reset() { c.end(true) }
+
+func (c *flowConn) end(reset bool) {
 	c.once.Do(func() {
+		if reset {
+			if c.ep != nil {
+				c.ep.Abort()
+			}
+			if tc, ok := c.host.(*net.TCPConn); ok {
+				tc.SetLinger(0) // close sends a reset
+			}
+		}
 		c.guest.SetDeadline(time.Now())
 		c.guest.Close()
 		if c.host != nil {

@@ -24,6 +24,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+	"gvisor.dev/gvisor/pkg/waiter"
 )
 
 // guest plays the sandbox's guest: a second gVisor stack at 10.0.2.15
@@ -178,6 +179,37 @@ func fullAddr(ap netip.AddrPort) tcpip.FullAddress {
 // dial connects from the guest.
 func (g *guest) dial(ctx context.Context, dst netip.AddrPort) (*gonet.TCPConn, error) {
 	return gonet.DialContextTCP(ctx, g.s, fullAddr(dst), ipv4.ProtocolNumber)
+}
+
+// dialEndpoint connects from the guest and also returns the connection's
+// endpoint, which a test can Abort (send a reset).
+func (g *guest) dialEndpoint(t testing.TB, dst netip.AddrPort) (*gonet.TCPConn, tcpip.Endpoint) {
+	t.Helper()
+	var wq waiter.Queue
+	ep, terr := g.s.NewEndpoint(tcp.ProtocolNumber, ipv4.ProtocolNumber, &wq)
+	if terr != nil {
+		t.Fatal(terr)
+	}
+	we, ch := waiter.NewChannelEntry(waiter.WritableEvents)
+	wq.EventRegister(&we)
+	defer wq.EventUnregister(&we)
+	switch err := ep.Connect(fullAddr(dst)); err.(type) {
+	case nil:
+	case *tcpip.ErrConnectStarted:
+		select {
+		case <-ch:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the guest's connect did not finish in 5 s")
+		}
+		if err := ep.LastError(); err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatal(err)
+	}
+	c := gonet.NewTCPConn(&wq, ep)
+	t.Cleanup(func() { c.Close() })
+	return c, ep
 }
 
 func (g *guest) dialUDP(t testing.TB, dst netip.AddrPort) *gonet.UDPConn {

@@ -74,7 +74,7 @@ func (n *Stack) tcpFlow(r *tcp.ForwarderRequest) {
 	}
 	r.Complete(false)
 	key := connKey{remote: dst, guestPort: id.RemotePort}
-	fc := &flowConn{guest: gonet.NewTCPConn(&wq, ep), host: hc, key: &key}
+	fc := &flowConn{guest: gonet.NewTCPConn(&wq, ep), host: hc, ep: ep, key: &key}
 	if !n.track(fc) {
 		n.release()
 		fc.close()
@@ -91,7 +91,8 @@ func (n *Stack) tcpFlow(r *tcp.ForwarderRequest) {
 // as they pass; host -> guest goes through the rate cap. A direction's
 // end of stream is passed on as a half-close (a guest's
 // shutdown(SHUT_WR) reaches the host peer as a FIN, and the other way
-// round); an error on either side (a reset) ends both.
+// round); an error on either side (a reset, a broken connection) resets
+// both.
 func (n *Stack) splice(fc *flowConn) {
 	defer n.release()
 	defer n.untrack(fc)
@@ -100,7 +101,7 @@ func (n *Stack) splice(fc *flowConn) {
 	go func() {
 		defer func() { done <- struct{}{} }()
 		if _, err := io.Copy(counter{fc.host, &n.tx}, fc.guest); err != nil {
-			fc.close()
+			fc.reset()
 			return
 		}
 		if c, ok := fc.host.(interface{ CloseWrite() error }); ok {
@@ -112,7 +113,7 @@ func (n *Stack) splice(fc *flowConn) {
 		src = &paced{r: fc.host, b: n.rate, ctx: n.ctx}
 	}
 	if _, err := io.Copy(counter{fc.guest, &n.rx}, src); err != nil {
-		fc.close()
+		fc.reset()
 	} else if c, ok := fc.guest.(interface{ CloseWrite() error }); ok {
 		c.CloseWrite()
 	}

@@ -4,8 +4,12 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"net"
 	"net/netip"
+	"os"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -102,3 +106,61 @@ func waitFor(t testing.TB, cond func() bool) {
 }
 
 var errTimeout = errors.New("timeout")
+
+// TestTCPResetPassesThrough: a reset on one side of a flow reaches the
+// other side as a reset, not as an orderly end of stream that would pass
+// a cut-short transfer for a whole one.
+func TestTCPResetPassesThrough(t *testing.T) {
+	// resetter accepts connections and hands them to the test.
+	resetter := func(t *testing.T) (net.Listener, chan *net.TCPConn) {
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		accepted := make(chan *net.TCPConn, 1)
+		go func() {
+			if c, err := l.Accept(); err == nil {
+				accepted <- c.(*net.TCPConn)
+			}
+		}()
+		return l, accepted
+	}
+	t.Run("host resets, the guest sees a reset", func(t *testing.T) {
+		l, accepted := resetter(t)
+		r := newRig(t, Config{})
+		c, err := r.g.dial(ctxT(t, 5*time.Second), gw(l.Addr()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		hc := <-accepted
+		hc.SetLinger(0)
+		hc.Close()
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err = io.ReadAll(c)
+		if err == nil || errors.Is(err, os.ErrDeadlineExceeded) || !strings.Contains(err.Error(), "reset") {
+			t.Fatalf("the guest read %v, want a connection reset", err)
+		}
+	})
+	t.Run("guest resets, the host sees a reset", func(t *testing.T) {
+		l, accepted := resetter(t)
+		r := newRig(t, Config{})
+		c, ep := r.g.dialEndpoint(t, gw(l.Addr()))
+		hc := <-accepted
+		defer hc.Close()
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		b := make([]byte, 1)
+		if _, err := io.ReadFull(hc, b); err != nil {
+			t.Fatal(err)
+		}
+		ep.Abort()
+		hc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		_, err := io.ReadAll(hc)
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("the host read %v, want ECONNRESET", err)
+		}
+	})
+}
