@@ -288,13 +288,15 @@ func TestNetRateCap(t *testing.T) {
 
 // TestNetAfterWake: a connection open at a park cannot cross it (its host
 // socket is gone); after the wake the guest's blocked reader sees a reset
-// at once, not a hang, and a new connection works.
+// at once, not a hang, and a new connection works. The time from the
+// wake to the reset is read on the guest's own clock (/proc/uptime runs
+// on from the capture), without the test's polling in it.
 func TestNetAfterWake(t *testing.T) {
 	lab := newNetLab(t)
 	held := lab.listen(lab.pub, "203.0.113.2:7000", hold)
 	lab.listen(lab.pub, "203.0.113.2:8080", hello("pub"))
 	sb, c := netFork(t, lab)
-	mustRun(t, c, "(nc 203.0.113.2 7000 </dev/zero >/dev/null 2>&1; echo ended > /tmp/nc.status) >/dev/null 2>&1 &")
+	mustRun(t, c, "(nc 203.0.113.2 7000 </dev/zero >/dev/null 2>&1; echo ended $(cut -d' ' -f1 /proc/uptime) > /tmp/nc.status) >/dev/null 2>&1 &")
 	deadline := time.Now().Add(20 * time.Second)
 	for held.accepted.Load() == 0 {
 		if time.Now().After(deadline) {
@@ -302,6 +304,7 @@ func TestNetAfterWake(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	parkedAt := mustRun(t, c, "cut -d' ' -f1 /proc/uptime")
 	body, exit := run(t, c, "__park__ parked")
 	if exit != 0 {
 		t.Fatalf("__park__: %q", body)
@@ -312,8 +315,14 @@ func TestNetAfterWake(t *testing.T) {
 	t0 := time.Now()
 	for {
 		out, _ := run(t, wc, "cat /tmp/nc.status 2>/dev/null")
-		if strings.TrimSpace(out) == "ended" {
-			t.Logf("the connection from before the park ended %s after the wake's first command", time.Since(t0).Round(time.Millisecond))
+		if f := strings.Fields(out); len(f) == 2 && f[0] == "ended" {
+			at, _ := strconv.ParseFloat(f[1], 64)
+			before, _ := strconv.ParseFloat(strings.TrimSpace(parkedAt), 64)
+			// The guest's clock stood still while it was parked, so
+			// the reset's uptime less the park's is the time the woken
+			// guest ran before its connection ended.
+			t.Logf("the connection from before the park ended %.0f ms of guest time after the park command (the test saw it %s after the wake's first command)",
+				(at-before)*1000, time.Since(t0).Round(time.Millisecond))
 			break
 		}
 		if time.Since(t0) > 10*time.Second {
@@ -324,6 +333,45 @@ func TestNetAfterWake(t *testing.T) {
 	if out, _ := timedConnect(t, wc, "203.0.113.2:8080"); out != "hello from pub" {
 		t.Errorf("a new connection after the wake: %q", out)
 	}
+}
+
+// TestNetForksApart: two forks of one base are both 10.0.2.15, run side
+// by side, and never see each other: each has its own NAT, its own
+// netlog and counters, and one's listener cannot be reached from the
+// other (its 10.0.2.15 is its own).
+func TestNetForksApart(t *testing.T) {
+	lab := newNetLab(t)
+	lab.listen(lab.pub, "203.0.113.2:8080", hello("pub 8080"))
+	lab.listen(lab.pub, "203.0.113.2:8081", hello("pub 8081"))
+	sbA, a := netFork(t, lab)
+	sbB, b := netFork(t, lab)
+	// A listens on its 10.0.2.15:9000 and notes any connection it gets.
+	mustRun(t, a, "(nc -l -p 9000 </dev/null >/dev/null 2>&1 && echo reached > /tmp/listener) >/dev/null 2>&1 &")
+	mustRun(t, a, "for i in 1 2 3 4 5 6 7 8 9 10; do netstat -ltn | grep -q ':9000 ' && break; sleep 0.2; done; netstat -ltn | grep ':9000 '")
+	if out, _ := timedConnect(t, b, "10.0.2.15:9000"); out != "" {
+		t.Errorf("B read %q from 10.0.2.15:9000", out)
+	}
+	if out, _ := timedConnect(t, a, "203.0.113.2:8080"); out != "hello from pub 8080" {
+		t.Errorf("A's own flow: %q", out)
+	}
+	if out, _ := timedConnect(t, b, "203.0.113.2:8081"); out != "hello from pub 8081" {
+		t.Errorf("B's own flow: %q", out)
+	}
+	if out, _ := run(t, a, "cat /tmp/listener 2>/dev/null"); out != "" {
+		t.Errorf("A's listener was reached (%q): B's 10.0.2.15 reached into A", out)
+	}
+	for _, f := range []struct {
+		name       string
+		c          *client.Client
+		own, other string
+	}{{"A", a, "203.0.113.2:8080", "203.0.113.2:8081"}, {"B", b, "203.0.113.2:8081", "203.0.113.2:8080"}} {
+		log := netlogOf(t, f.c)
+		if !hasFlow(log, f.own, true) || hasFlow(log, f.other, true) {
+			t.Errorf("%s's __netlog__ should hold its own flow %s and not %s: %+v", f.name, f.own, f.other, log)
+		}
+	}
+	shutdown(t, sbA, a)
+	shutdown(t, sbB, b)
 }
 
 // TestNetFlood: a hostile guest opens connections as fast as it can and
