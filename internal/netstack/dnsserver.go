@@ -12,6 +12,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+
+	"github.com/nethersandbox/nether/internal/pace"
 )
 
 // The resolver's bounds: a guest flooding 10.0.2.3 costs at most
@@ -36,7 +38,7 @@ type dnsServer struct {
 	tcp   *gonet.TCPListener
 	slots chan struct{} // lookups in flight
 	conns chan struct{} // TCP connections open
-	rate  *bucket       // queries, not bytes
+	rate  *pace.Bucket  // queries, not bytes
 }
 
 func (n *Stack) startDNS() (*dnsServer, error) {
@@ -51,8 +53,7 @@ func (n *Stack) startDNS() (*dnsServer, error) {
 		return nil, fmt.Errorf("netstack: binding DNS over TCP: %w", err)
 	}
 	d := &dnsServer{udp: u, tcp: l, slots: make(chan struct{}, dnsInFlight),
-		conns: make(chan struct{}, dnsTCPConns), rate: newBucket(dnsRate)}
-	d.rate.burst, d.rate.tokens = dnsBurst, dnsBurst
+		conns: make(chan struct{}, dnsTCPConns), rate: pace.NewBurst(dnsRate, dnsBurst)}
 	n.wg.Add(2)
 	go func() { defer n.wg.Done(); n.serveDNSUDP(d) }()
 	go func() { defer n.wg.Done(); n.serveDNSTCP(d) }()
@@ -66,7 +67,7 @@ func (d *dnsServer) close() {
 
 // admit takes a lookup slot for one query, or counts it dropped.
 func (n *Stack) admit(d *dnsServer) bool {
-	if !d.rate.allow(1) {
+	if !d.rate.Allow(1) {
 		n.dnsDropped.Add(1)
 		return false
 	}

@@ -30,6 +30,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 
 	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/pace"
 )
 
 // The guest's network.
@@ -112,7 +113,7 @@ type Stack struct {
 	s     *stack.Stack
 	ctx   context.Context
 	stop  context.CancelFunc
-	rate  *bucket // host -> guest; nil = unlimited
+	rate  *pace.Bucket // host -> guest; nil = unlimited
 	dns   *dnsServer
 	seqs  seqTable
 	pings pingLog
@@ -168,7 +169,7 @@ func New(cfg Config, link *os.File) (*Stack, error) {
 		conns: map[*flowConn]struct{}{}}
 	n.seqs.m = map[connKey]*seqState{}
 	if cfg.RateKbps > 0 {
-		n.rate = newBucket(cfg.RateKbps * 1000 / 8)
+		n.rate = pace.New(cfg.RateKbps * 1000 / 8)
 	}
 	if err := n.build(); err != nil {
 		n.s.Close()

@@ -8,6 +8,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/waiter"
+
+	"github.com/nethersandbox/nether/internal/pace"
 )
 
 // halfOpenMargin is how many SYNs over MaxHalfOpen may be in the
@@ -110,7 +112,7 @@ func (n *Stack) splice(fc *flowConn) {
 	}()
 	var src io.Reader = fc.host
 	if n.rate != nil {
-		src = &paced{r: fc.host, b: n.rate, ctx: n.ctx}
+		src = &pace.Reader{R: fc.host, B: n.rate, Ctx: n.ctx}
 	}
 	if _, err := io.Copy(counter{fc.guest, &n.rx}, src); err != nil {
 		fc.reset()

@@ -81,7 +81,7 @@ func (n *Stack) relayUDP(fc *flowConn) {
 				return
 			}
 			last.touch()
-			if pace && n.rate != nil && n.rate.take(n.ctx, k) != nil {
+			if pace && n.rate != nil && n.rate.Take(n.ctx, k) != nil {
 				return
 			}
 			c.Write(buf[:k]) // a datagram lost on the way is lost
