@@ -15,10 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/cmdline"
@@ -26,6 +23,7 @@ import (
 	"github.com/nethersandbox/nether/internal/framebuf"
 	"github.com/nethersandbox/nether/internal/meter"
 	"github.com/nethersandbox/nether/internal/screen"
+	"github.com/nethersandbox/nether/internal/unixsock"
 )
 
 // ProtoVersion is the wire protocol this server speaks.
@@ -124,9 +122,7 @@ type Server struct {
 	stopCancel context.CancelCauseFunc
 	stopped    chan struct{} // closed when Stop has finished
 
-	ln       *net.UnixListener
-	path     string
-	sockIno  uint64
+	ln       *unixsock.Listener
 	mu       sync.Mutex
 	clients  map[*client]struct{}
 	primary  *client
@@ -256,45 +252,14 @@ func oneLine(text string) string {
 	return text
 }
 
-// Listen binds the socket at path. A socket file left by a nether that
-// died is replaced; one that a live process still serves is refused, so
-// two sandboxes never fight over one path.
+// Listen binds the control socket at path (owner-only; a stale socket
+// file is replaced, a live one refused: unixsock.Listen).
 func (s *Server) Listen(path string) error {
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode()&os.ModeSocket == 0 {
-			return fmt.Errorf("control_socket %s exists and is not a socket; refusing to replace it", path)
-		}
-		c, err := net.DialTimeout("unix", path, time.Second)
-		if err == nil {
-			c.Close()
-			return fmt.Errorf("control_socket %s is served by a running process; refusing to take it over", path)
-		}
-		if !errors.Is(err, syscall.ECONNREFUSED) {
-			return fmt.Errorf("checking existing control_socket %s: %w", path, err)
-		}
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("removing stale control_socket %s: %w", path, err)
-		}
-		s.log.Info("replaced a stale control socket", "path", path)
-	}
-	// Bind with a restrictive umask so the socket is never, even for a
-	// moment, connectable by another user.
-	old := unix.Umask(0o177)
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
-	unix.Umask(old)
+	ln, err := unixsock.Listen(path, "control_socket")
 	if err != nil {
-		return fmt.Errorf("listening on control_socket %s: %w", path, err)
+		return err
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return fmt.Errorf("chmod control_socket: %w", err)
-	}
-	ln.SetUnlinkOnClose(false) // we unlink it ourselves, only if it is still ours
-	var st unix.Stat_t
-	if err := unix.Stat(path, &st); err == nil {
-		s.sockIno = st.Ino
-	}
-	s.ln, s.path = ln, path
+	s.ln = ln
 	return nil
 }
 
@@ -423,15 +388,12 @@ wait:
 		c.drop("sandbox stopping")
 	}
 	if s.ln != nil {
-		var st unix.Stat_t
-		if err := unix.Stat(s.path, &st); err == nil && st.Ino == s.sockIno {
-			os.Remove(s.path)
-		}
+		s.ln.Unlink()
 	}
 }
 
 func (s *Server) admit(conn *net.UnixConn) {
-	uid, err := peerUID(conn)
+	uid, err := unixsock.PeerUID(conn)
 	if err != nil || uid != s.uid {
 		s.log.Warn("control: refused a client of another user", "peer_uid", uid, "err", err)
 		conn.SetWriteDeadline(time.Now().Add(time.Second))

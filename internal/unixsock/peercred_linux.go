@@ -1,4 +1,4 @@
-package control
+package unixsock
 
 import (
 	"fmt"
@@ -7,10 +7,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// peerUID returns the uid of the process at the other end of conn, as the
+// PeerUID returns the uid of the process at the other end of conn, as the
 // kernel recorded it at connect time (SO_PEERCRED), so a client cannot
 // claim another identity.
-func peerUID(conn *net.UnixConn) (int, error) {
+func PeerUID(conn *net.UnixConn) (int, error) {
 	raw, err := conn.SyscallConn()
 	if err != nil {
 		return -1, fmt.Errorf("peer credentials: %w", err)
