@@ -36,6 +36,8 @@ type agent struct {
 	gone chan struct{}
 	// serving counts requests being served.
 	serving atomic.Int64
+	// egress is the egress plane's listener (plane_linux.go).
+	egress egressListener
 }
 
 func newAgent(log *slog.Logger, r *reaper, mux *channel.Mux, powerOff func()) *agent {
@@ -96,6 +98,10 @@ func (a *agent) serve(s *channel.Stream) {
 		a.get(s, req)
 	case agentproto.OpRestored:
 		a.restored(s, req)
+	case agentproto.OpConnect:
+		a.connect(s, req)
+	case agentproto.OpListen:
+		a.listen(s, req)
 	case agentproto.OpPoweroff:
 		s.CloseWrite([]byte("ok 0"))
 		// Give the acknowledgement a moment to leave before the power goes.

@@ -25,7 +25,8 @@
 //     refuses one whose Epoch differs from the epoch it serves: it resets
 //     the stream with a message naming both values and runs nothing (see
 //     CheckEpoch).
-//   - OpHello is opened by the guest, so it carries no epoch.
+//   - OpHello and OpEgress are opened by the guest, so they carry no
+//     epoch.
 //   - A stream the agent already accepted keeps running when the epoch
 //     changes: the check is made once, when a request arrives.
 package agentproto
@@ -41,7 +42,8 @@ import (
 // Version is bumped on any incompatible change to this package.
 // 2: the agent refuses host requests whose Epoch is not its session epoch.
 // 3: Command and Path travel as base64 (Text), byte for byte.
-const Version = 3
+// 4: the data and egress planes (OpConnect, OpListen, OpEgress).
+const Version = 4
 
 // Text is a string carried byte for byte. JSON strings must be UTF-8, and
 // encoding/json replaces every byte that is not with U+FFFD, so a command
@@ -73,6 +75,18 @@ const (
 	// driving command: the guest learns it was restored, which session
 	// epoch it now serves, and (for a fork) its new identity.
 	OpRestored = "restored"
+	// OpConnect is a data-plane connection, host -> agent: the agent
+	// connects to 127.0.0.1:Port in the guest and splices the stream to
+	// it. The agent itself is the forwarder, so a fork has it running.
+	OpConnect = "connect"
+	// OpListen sets the egress plane's guest listener, host -> agent: the
+	// agent listens on 127.0.0.1:Port (0: no listener) and opens an
+	// OpEgress stream for each connection the tenant makes to it.
+	OpListen = "listen"
+	// OpEgress is a tenant's outbound connection, agent -> host, Conn
+	// naming it for as long as it lives (across snapshots: it is in
+	// guest memory).
+	OpEgress = "egress"
 )
 
 // Request is the metadata of every stream.
@@ -82,6 +96,8 @@ type Request struct {
 	Command Text   `json:"command,omitempty"` // exec
 	Path    Text   `json:"path,omitempty"`    // put, get
 	Mode    uint32 `json:"mode,omitempty"`    // put: permission bits
+	Port    uint16 `json:"port,omitempty"`    // connect, listen
+	Conn    string `json:"conn,omitempty"`    // egress
 	Boot    string `json:"boot,omitempty"`    // hello: the guest's boot id
 	// hello: guest uptime in ms when the agent started, when its modules
 	// were loaded and when it said hello, so boot time can be attributed.
@@ -119,7 +135,11 @@ func Decode(b []byte) (Request, error) {
 		return r, fmt.Errorf("decoding agent request: %w", err)
 	}
 	switch r.Op {
-	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored:
+	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen:
+	case OpEgress:
+		if !ValidConn(r.Conn) {
+			return r, fmt.Errorf("egress stream with a malformed conn id %q", truncate(r.Conn, 40))
+		}
 	default:
 		return r, fmt.Errorf("unknown agent operation %q", r.Op)
 	}
@@ -135,10 +155,11 @@ var ErrStaleEpoch = errors.New("stale session epoch")
 // kept free of I/O so it can be tested apart from the agent.
 func CheckEpoch(r Request, current uint64) error {
 	switch r.Op {
-	case OpRestored, OpHello:
-		// OpRestored sets the epoch; OpHello is the guest's own. Every
-		// other operation, including any added later, is checked: a new
-		// operation that forgot the rule should fail closed.
+	case OpRestored, OpHello, OpEgress:
+		// OpRestored sets the epoch; OpHello and OpEgress are the
+		// guest's own. Every other operation, including any added
+		// later, is checked: a new operation that forgot the rule
+		// should fail closed.
 		return nil
 	}
 	if r.Epoch != current {
@@ -168,4 +189,20 @@ func truncate(s string, n int) string {
 		return s[:n] + "..."
 	}
 	return s
+}
+
+// ValidConn says whether id is an egress connection id as the agent mints
+// them (NewConn): 16 lowercase hex digits. The host writes the id into
+// the preamble line it sends the platform, so anything else is refused.
+func ValidConn(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -104,6 +104,10 @@ func TestDecodeRejects(t *testing.T) {
 		{"unknown op", `{"op":"format"}`, `unknown agent operation "format"`},
 		{"negative epoch", `{"op":"exec","epoch":-1}`, "decoding agent request"},
 		{"epoch too large", `{"op":"exec","epoch":18446744073709551616}`, "decoding agent request"},
+		{"egress without a conn id", `{"op":"egress"}`, "malformed conn id"},
+		{"egress conn id that could forge the preamble", `{"op":"egress","conn":"0123456789abcde\n"}`, "malformed conn id"},
+		{"egress conn id in upper case", `{"op":"egress","conn":"0123456789ABCDEF"}`, "malformed conn id"},
+		{"port out of range", `{"op":"connect","port":65536}`, "decoding agent request"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -140,5 +144,18 @@ func TestMaxOnTheWire(t *testing.T) {
 	old, err := Decode([]byte(`{"op":"get","path":"L2Y="}`))
 	if err != nil || old.Max != 0 || string(old.Path) != "/f" {
 		t.Fatalf("request without max decoded to %+v, %v; want path /f, max 0", old, err)
+	}
+}
+
+func TestEgressNeedsNoEpoch(t *testing.T) {
+	r, err := Decode([]byte(`{"op":"egress","conn":"0123456789abcdef"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckEpoch(r, 42); err != nil {
+		t.Fatalf("a guest-opened egress stream was checked for an epoch: %v", err)
+	}
+	if err := CheckEpoch(Request{Op: OpConnect, Port: 8080}, 42); err == nil {
+		t.Fatal("a host-opened connect from another session passed the epoch check")
 	}
 }
