@@ -74,9 +74,20 @@ type Config struct {
 	NetAllow    []netip.Prefix // exceptions to the default deny
 	NetBlock    []netip.Prefix // blocked whatever else says
 	NetRateKbps int64          // host -> guest cap; 0 = unlimited
-	Accel       engine.Accel   // default auto; the engine's own type, resolved there
-	Kernel      string         // "" = default image built by setup; else absolute path of a regular file
-	Image       string         // "" = default initramfs built by setup; else absolute path of a regular file
+	// The data plane: DataSocket (nether's listener) reaches the
+	// tenant's server on the guest's 127.0.0.1:AppPort. The egress
+	// plane: the tenant's connections to 127.0.0.1:EgressPort reach
+	// EgressSocket (the platform's listener). 0 and "" = off.
+	AppPort      int
+	DataSocket   string
+	EgressPort   int
+	EgressSocket string
+	MaxDataConns int          // both planes together: 1..48, default 48
+	DataIdleMS   int64        // a data connection idle both ways this long is reaped; 0 = off
+	DataRateKbps int64        // guest -> platform, all connections; 0 = unlimited
+	Accel        engine.Accel // default auto; the engine's own type, resolved there
+	Kernel       string       // "" = default image built by setup; else absolute path of a regular file
+	Image        string       // "" = default initramfs built by setup; else absolute path of a regular file
 
 	// Snapshot / fork keys.
 	Restore            bool   // boot by restoring RestoreFrom instead of a fresh boot
@@ -117,6 +128,7 @@ func Defaults(dir string) *Config {
 		ConsoleLogMaxBytes: 4 << 20,
 		Accel:              engine.AccelAuto,
 		ForkReseed:         true,
+		MaxDataConns:       48,
 		Set:                map[string]int{},
 	}
 }
@@ -312,6 +324,31 @@ func (p *parser) crossCheck() error {
 		return p.errf(c.Set["validate_snapshot"], "validate_snapshot",
 			"cannot be combined with restore=1 (line %d): validating a snapshot and restoring one are separate runs", c.Set["restore"])
 	}
+	// A restore may leave the ports out: it inherits the ones its
+	// artifact was captured with.
+	if c.DataSocket != "" && c.AppPort == 0 && !c.Restore {
+		return p.errf(c.Set["data_socket"], "data_socket", "needs app_port = <the tenant's server port in the guest>")
+	}
+	if c.EgressSocket != "" && c.EgressPort == 0 && !c.Restore {
+		return p.errf(c.Set["egress_socket"], "egress_socket", "needs egress_port = <the guest port the tenant connects to>")
+	}
+	socks := map[string]string{}
+	for _, k := range []struct{ key, path string }{{"control_socket", c.ControlSocket}, {"data_socket", c.DataSocket}, {"egress_socket", c.EgressSocket}} {
+		if k.path == "" {
+			continue
+		}
+		if other, ok := socks[k.path]; ok {
+			return p.errf(c.Set[k.key], k.key, "is the same path as %s (line %d); each socket needs its own path", other, c.Set[other])
+		}
+		socks[k.path] = k.key
+	}
+	if (c.DataSocket != "" || c.EgressSocket != "") && c.ControlSocket == "" {
+		key := "data_socket"
+		if c.DataSocket == "" {
+			key = "egress_socket"
+		}
+		return p.errf(c.Set[key], key, "needs control_socket: the planes ride the channel to the guest agent, which console mode does not run")
+	}
 	return nil
 }
 
@@ -365,15 +402,7 @@ var listKeys = map[string]bool{"net_allow": true, "net_block": true}
 // fields is in canonical order (Format, Report).
 var fields = []field{
 	{"control_socket",
-		func(c *Config, v string) string {
-			p := resolve(c.Dir, v)
-			if len(p) > MaxSocketPath {
-				return fmt.Sprintf("socket path %q is %d bytes; a Unix socket path must be at most %d bytes, use a shorter one (e.g. under /run or /tmp)",
-					p, len(p), MaxSocketPath)
-			}
-			c.ControlSocket = p
-			return ""
-		},
+		func(c *Config, v string) string { return setSocket(&c.ControlSocket, c.Dir, v) },
 		func(c *Config) string { return c.ControlSocket }},
 	{"cpus",
 		func(c *Config, v string) string { return setInt(&c.CPUs, v, 1, 32) },
@@ -496,6 +525,39 @@ var fields = []field{
 	{"net_rate_kbps",
 		func(c *Config, v string) string { return setUint(&c.NetRateKbps, v) },
 		func(c *Config) string { return strconv.FormatInt(c.NetRateKbps, 10) }},
+	{"app_port",
+		func(c *Config, v string) string { return setInt(&c.AppPort, v, 1, 65535) },
+		func(c *Config) string { return strconv.Itoa(c.AppPort) }},
+	{"data_socket",
+		func(c *Config, v string) string { return setSocket(&c.DataSocket, c.Dir, v) },
+		func(c *Config) string { return c.DataSocket }},
+	{"max_data_conns",
+		func(c *Config, v string) string { return setInt(&c.MaxDataConns, v, 1, 48) },
+		func(c *Config) string { return strconv.Itoa(c.MaxDataConns) }},
+	{"data_idle_ms",
+		func(c *Config, v string) string { return setUint(&c.DataIdleMS, v) },
+		func(c *Config) string { return strconv.FormatInt(c.DataIdleMS, 10) }},
+	{"data_rate_kbps",
+		func(c *Config, v string) string { return setUint(&c.DataRateKbps, v) },
+		func(c *Config) string { return strconv.FormatInt(c.DataRateKbps, 10) }},
+	{"egress_port",
+		func(c *Config, v string) string { return setInt(&c.EgressPort, v, 1, 65535) },
+		func(c *Config) string { return strconv.Itoa(c.EgressPort) }},
+	{"egress_socket",
+		func(c *Config, v string) string { return setSocket(&c.EgressSocket, c.Dir, v) },
+		func(c *Config) string { return c.EgressSocket }},
+}
+
+// setSocket sets a Unix socket path, resolved against the launch
+// directory, refusing one too long for sun_path.
+func setSocket(dst *string, dir, v string) string {
+	p := resolve(dir, v)
+	if len(p) > MaxSocketPath {
+		return fmt.Sprintf("socket path %q is %d bytes; a Unix socket path must be at most %d bytes, use a shorter one (e.g. under /run or /tmp)",
+			p, len(p), MaxSocketPath)
+	}
+	*dst = p
+	return ""
 }
 
 // setPrefixes parses a CIDR list (net_allow, net_block).
@@ -520,8 +582,6 @@ func fieldByName(name string) *field {
 // unsupported lists keys the spec defines but this build does not implement.
 var unsupported = map[string]struct{}{
 	"disk": {}, "disk_size_mb": {},
-	"app_port": {}, "data_socket": {}, "max_data_conns": {}, "data_idle_ms": {}, "data_rate_kbps": {},
-	"egress_port": {}, "egress_socket": {},
 	"run_as": {}, "snapshot_save": {},
 }
 

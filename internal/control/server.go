@@ -161,6 +161,10 @@ func New(log *slog.Logger, b Backend, m *meter.Meter, maxOutput int64) *Server {
 // touch records activity now.
 func (s *Server) touch() { s.lastActive.Store(time.Now().UnixNano()) }
 
+// Touch records activity that reaches the sandbox other than through a
+// client (data-plane traffic), so IdleFor counts from it too.
+func (s *Server) Touch() { s.touch() }
+
 // IdleFor reports how long the server has had no client connected and no
 // command or transfer running (0 while it has either): what the idle
 // budget measures. A command keeps running after its client leaves, so it

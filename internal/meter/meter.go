@@ -21,6 +21,7 @@ type Meter struct {
 	usage    atomic.Pointer[func() engine.Usage]
 	cpu      atomic.Pointer[func() time.Duration]
 	net      atomic.Pointer[func() Net]
+	planes   atomic.Pointer[func() Planes]
 	commands atomic.Uint64
 	bytesIn  atomic.Uint64
 	bytesOut atomic.Uint64
@@ -80,6 +81,16 @@ type Net struct {
 // session without networking never calls it, and reports zeros.
 func (m *Meter) SetNet(f func() Net) { m.net.Store(&f) }
 
+// Planes is a reading of the data and egress planes: the connections
+// they bridged and the milliseconds those were open, summed. Their bytes
+// count in BytesIn and BytesOut with every other byte of the platform's.
+type Planes struct {
+	Conns, MS uint64
+}
+
+// SetPlanes gives the meter the planes' counters.
+func (m *Meter) SetPlanes(f func() Planes) { m.planes.Store(&f) }
+
 // Record is one reading of every metered field.
 type Record struct {
 	UptimeMS  int64
@@ -91,6 +102,7 @@ type Record struct {
 	BytesIn   uint64
 	BytesOut  uint64
 	Net       Net
+	Planes    Planes
 }
 
 // Settle takes the session's last reading and keeps it: every later Read
@@ -126,6 +138,9 @@ func (m *Meter) Read() Record {
 	if f := m.net.Load(); f != nil {
 		r.Net = (*f)()
 	}
+	if f := m.planes.Load(); f != nil {
+		r.Planes = (*f)()
+	}
 	return r
 }
 
@@ -137,6 +152,7 @@ func (r Record) Stats() string {
 		{"ram_mb", r.RAMMB}, {"cpus", r.CPUs}, {"commands", r.Commands},
 		{"bytes_in", r.BytesIn}, {"bytes_out", r.BytesOut},
 		{"net_tx_bytes", r.Net.Tx}, {"net_rx_bytes", r.Net.Rx}, {"net_blocked", r.Net.Blocked},
+		{"data_conns", r.Planes.Conns}, {"data_ms", r.Planes.MS},
 	} {
 		fmt.Fprintf(&b, "%s=%v\n", kv[0], kv[1])
 	}
@@ -146,8 +162,8 @@ func (r Record) Stats() string {
 // Fields renders the record's fields on one line, as the final usage
 // record carries them.
 func (r Record) Fields() string {
-	return fmt.Sprintf("uptime_ms=%d cpu_ms=%d mem_peak_mb=%d ram_mb=%d cpus=%d commands=%d bytes_in=%d bytes_out=%d net_tx=%d net_rx=%d net_blocked=%d",
-		r.UptimeMS, r.CPUMS, r.MemPeakMB, r.RAMMB, r.CPUs, r.Commands, r.BytesIn, r.BytesOut, r.Net.Tx, r.Net.Rx, r.Net.Blocked)
+	return fmt.Sprintf("uptime_ms=%d cpu_ms=%d mem_peak_mb=%d ram_mb=%d cpus=%d commands=%d bytes_in=%d bytes_out=%d net_tx=%d net_rx=%d net_blocked=%d data_conns=%d data_ms=%d",
+		r.UptimeMS, r.CPUMS, r.MemPeakMB, r.RAMMB, r.CPUs, r.Commands, r.BytesIn, r.BytesOut, r.Net.Tx, r.Net.Rx, r.Net.Blocked, r.Planes.Conns, r.Planes.MS)
 }
 
 // Stop reasons in the final record.

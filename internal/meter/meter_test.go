@@ -23,8 +23,8 @@ func TestFinalLine(t *testing.T) {
 		reason string
 		want   string
 	}{
-		{"general", false, ReasonShutdown, "[nether] final usage (reason=shutdown): uptime_ms=2000 cpu_ms=1500 mem_peak_mb=101 ram_mb=512 cpus=2 commands=1 bytes_in=10 bytes_out=20 net_tx=0 net_rx=0 net_blocked=0"},
-		{"settlement", true, ReasonSIGTERM, "[nether] x402 settlement (reason=sigterm): uptime_ms=2000 cpu_ms=1500 mem_peak_mb=101 ram_mb=512 cpus=2 commands=1 bytes_in=10 bytes_out=20 net_tx=0 net_rx=0 net_blocked=0"},
+		{"general", false, ReasonShutdown, "[nether] final usage (reason=shutdown): uptime_ms=2000 cpu_ms=1500 mem_peak_mb=101 ram_mb=512 cpus=2 commands=1 bytes_in=10 bytes_out=20 net_tx=0 net_rx=0 net_blocked=0 data_conns=0 data_ms=0"},
+		{"settlement", true, ReasonSIGTERM, "[nether] x402 settlement (reason=sigterm): uptime_ms=2000 cpu_ms=1500 mem_peak_mb=101 ram_mb=512 cpus=2 commands=1 bytes_in=10 bytes_out=20 net_tx=0 net_rx=0 net_blocked=0 data_conns=0 data_ms=0"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -48,9 +48,9 @@ func TestStats(t *testing.T) {
 		r    Record
 		want string
 	}{
-		{"zero", Record{}, "uptime_ms=0\ncpu_ms=0\nmem_peak_mb=0\nram_mb=0\ncpus=0\ncommands=0\nbytes_in=0\nbytes_out=0\nnet_tx_bytes=0\nnet_rx_bytes=0\nnet_blocked=0\n"},
+		{"zero", Record{}, "uptime_ms=0\ncpu_ms=0\nmem_peak_mb=0\nram_mb=0\ncpus=0\ncommands=0\nbytes_in=0\nbytes_out=0\nnet_tx_bytes=0\nnet_rx_bytes=0\nnet_blocked=0\ndata_conns=0\ndata_ms=0\n"},
 		{"every field", Record{UptimeMS: 1, CPUMS: 2, MemPeakMB: 3, RAMMB: 4, CPUs: 5, Commands: 6, BytesIn: 7, BytesOut: 8},
-			"uptime_ms=1\ncpu_ms=2\nmem_peak_mb=3\nram_mb=4\ncpus=5\ncommands=6\nbytes_in=7\nbytes_out=8\nnet_tx_bytes=0\nnet_rx_bytes=0\nnet_blocked=0\n"},
+			"uptime_ms=1\ncpu_ms=2\nmem_peak_mb=3\nram_mb=4\ncpus=5\ncommands=6\nbytes_in=7\nbytes_out=8\nnet_tx_bytes=0\nnet_rx_bytes=0\nnet_blocked=0\ndata_conns=0\ndata_ms=0\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -131,7 +131,7 @@ func TestNetCounters(t *testing.T) {
 	}
 	m.SetNet(func() Net { return Net{Tx: 100, Rx: 2000, Blocked: 3} })
 	r := m.Read()
-	if !strings.HasSuffix(r.Fields(), "net_tx=100 net_rx=2000 net_blocked=3") {
+	if !strings.Contains(r.Fields(), " net_tx=100 net_rx=2000 net_blocked=3 ") {
 		t.Errorf("Fields() = %s", r.Fields())
 	}
 	for _, want := range []string{"net_tx_bytes=100\n", "net_rx_bytes=2000\n", "net_blocked=3\n"} {
@@ -144,5 +144,22 @@ func TestNetCounters(t *testing.T) {
 	m.SetNet(func() Net { return Net{Tx: 1 << 40} })
 	if got := m.Read().Net; got != (Net{Tx: 100, Rx: 2000, Blocked: 3}) {
 		t.Errorf("after Settle: %+v", got)
+	}
+}
+
+func TestPlaneCounters(t *testing.T) {
+	m := New(nil, 512, 1)
+	if r := m.Read(); !strings.HasSuffix(r.Fields(), " data_conns=0 data_ms=0") {
+		t.Fatalf("without planes: %s", r.Fields())
+	}
+	m.SetPlanes(func() Planes { return Planes{Conns: 7, MS: 1234} })
+	r := m.Read()
+	if !strings.HasSuffix(r.Fields(), " data_conns=7 data_ms=1234") {
+		t.Errorf("Fields() = %s", r.Fields())
+	}
+	for _, want := range []string{"data_conns=7\n", "data_ms=1234\n"} {
+		if !strings.Contains(r.Stats(), want) {
+			t.Errorf("Stats() has no %q:\n%s", want, r.Stats())
+		}
 	}
 }

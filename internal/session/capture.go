@@ -130,6 +130,14 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 	// 2-3: freeze, pause, capture.
 	start := time.Now()
 	s.comps.freeze()
+	if kind == snapshot.KindPark && !s.cfg.ParkDirty {
+		// Bytes that reached a bridge between the gate and the freeze
+		// would be lost with the park: the gate, again, without a wait.
+		if err := s.comps.drained(); err != nil {
+			s.comps.thaw()
+			return res, fmt.Errorf("undelivered bytes: %v (set park_dirty=1 to park anyway and lose them)", err)
+		}
+	}
 	if err := s.machine.Pause(ctx); err != nil {
 		s.comps.thaw()
 		return res, fmt.Errorf("pausing the guest: %w", err)

@@ -48,7 +48,7 @@ type components []Component
 // check their sections (validate_snapshot).
 // con carries the console's screen and nc the guest's connections; nil
 // (validate_snapshot) only checks their sections.
-func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *consoleComponent, nc *netComponent) (components, *channelComponent) {
+func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *consoleComponent, nc *netComponent, pc *planesComponent) (components, *channelComponent) {
 	cc := &channelComponent{newMux: newMux}
 	if con == nil {
 		con = &consoleComponent{}
@@ -56,7 +56,10 @@ func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *conso
 	if nc == nil {
 		nc = &netComponent{}
 	}
-	return components{cc, con, nc}, cc
+	if pc == nil {
+		pc = &planesComponent{}
+	}
+	return components{cc, con, nc, pc}, cc
 }
 
 // save collects every component's section.
@@ -174,9 +177,21 @@ func (c *channelComponent) Required() bool { return true }
 func (c *channelComponent) Freeze()        { c.mux.Freeze() }
 func (c *channelComponent) Thaw()          { c.mux.Thaw() }
 
+// Quiescent: everything sent has arrived, and no stream is open but the
+// planes'. A plane's connection may cross a capture: a fork resets it, a
+// woken park resumes an egress one (adoptOrphans).
 func (c *channelComponent) Quiescent() error {
-	if ok, why := c.mux.Settled(); !ok {
-		return fmt.Errorf("channel: %s", why)
+	if n := c.mux.Unacked(); n > 0 {
+		return fmt.Errorf("channel: %d frames not yet acknowledged by the guest", n)
+	}
+	open := 0
+	for _, st := range c.mux.Streams() {
+		if _, ok := planeStream(st); !ok {
+			open++
+		}
+	}
+	if open > 0 {
+		return fmt.Errorf("channel: %d streams open", open)
 	}
 	return nil
 }

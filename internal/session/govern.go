@@ -48,7 +48,7 @@ func (s *Session) budgetReached() string {
 		return meter.ReasonMaxRuntime
 	case cfg.MaxCPUS > 0 && rec.CPUMS >= cfg.MaxCPUS*1000:
 		return meter.ReasonMaxCPU
-	case cfg.IdleTimeoutS > 0 && s.ctl != nil && s.ctl.IdleFor(time.Now()) >= time.Duration(cfg.IdleTimeoutS)*time.Second:
+	case cfg.IdleTimeoutS > 0 && s.ctl != nil && !s.planesBusy() && s.ctl.IdleFor(time.Now()) >= time.Duration(cfg.IdleTimeoutS)*time.Second:
 		return meter.ReasonIdle
 	}
 	return ""

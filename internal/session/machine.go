@@ -99,7 +99,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	}
 
 	s.netComp = &netComponent{s: s}
-	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }, s.consoleComponent(), s.netComp)
+	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }, s.consoleComponent(), s.netComp, &planesComponent{s: s})
 	var r *restoring
 	if s.cfg.Restore {
 		if r, err = s.openArtifact(ctx, &spec, comps); err != nil {
@@ -140,6 +140,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		s.install(m, cc.mux, comps)
 		s.life("engine_started backend=%s accel=%s cpus=%d ram_mb=%d", info.Backend, accel, s.cfg.CPUs, s.cfg.RAMMB)
 		go s.watchAgent()
+		go s.setEgressListener(false)
 		return nil
 	}
 	if err := s.finishRestore(ctx, r, m, cc, comps); err != nil {
@@ -148,6 +149,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	s.netComp.resetCarried()
 	s.life("restored backend=%s accel=%s", info.Backend, accel)
 	go s.watchAgent()
+	go s.setEgressListener(true)
 	return nil
 }
 
@@ -172,6 +174,9 @@ func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components) 
 	mux.Attach(m.Channel(), false)
 	s.machine, s.mux, s.comps = m, mux, comps
 	s.agent = agentclient.New(s.log, mux, 0)
+	if s.planes != nil {
+		s.agent.Handle(agentproto.OpEgress, s.serveEgress)
+	}
 	go s.agent.Serve(s.ctx)
 	go func() {
 		// The engine's end closes every stream that waits on the guest.
@@ -360,14 +365,30 @@ func (s *Session) restoredIdentity(captured snapshot.Identity, fork bool) snapsh
 
 // adoptOrphans deals with streams the captured host half had open: their
 // owners (clients of the old process) are gone. A fork is a new session,
-// so they are reset. A woken park continues the same session: their bytes
-// are drained and counted, so a command in flight at the park still runs
-// to its end in the guest and the channel shows nothing lost.
+// so they are reset. A woken park continues the same session: an egress
+// connection is bridged to the platform again (resume=1), so the tenant's
+// recv() from before the park gets what the platform writes now; a
+// data-plane connection's platform end is gone, so it is reset; any
+// other stream's bytes are drained and counted, so a command in flight
+// at the park still runs to its end in the guest and the channel shows
+// nothing lost.
 func (s *Session) adoptOrphans(fork bool) {
 	for _, st := range s.mux.Streams() {
 		req, _ := agentproto.Decode(st.Meta())
 		if fork {
 			st.Reset("the session that opened this stream ended at a snapshot")
+			continue
+		}
+		switch req.Op {
+		case agentproto.OpEgress:
+			if s.planes != nil {
+				s.planes.Egress(st, req, true)
+			} else {
+				st.Reset("the egress plane is off")
+			}
+			continue
+		case agentproto.OpConnect:
+			st.Reset("the data-plane connection ended at the park")
 			continue
 		}
 		go func() {
@@ -412,7 +433,7 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 	if err != nil {
 		return "", err
 	}
-	comps, _ := newComponents(nil, nil, nil)
+	comps, _ := newComponents(nil, nil, nil, nil)
 	if err := comps.check(art.Meta.Sections); err != nil {
 		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
 	}

@@ -34,6 +34,7 @@ import (
 	"github.com/nethersandbox/nether/internal/meter"
 	"github.com/nethersandbox/nether/internal/netlog"
 	"github.com/nethersandbox/nether/internal/netstack"
+	"github.com/nethersandbox/nether/internal/plane"
 	"github.com/nethersandbox/nether/internal/screen"
 	"github.com/nethersandbox/nether/internal/snapshot"
 	"github.com/nethersandbox/nether/internal/timeline"
@@ -114,6 +115,11 @@ type Session struct {
 	term    *screen.Terminal   // the console's terminal (__screen__); nil in console mode
 	flows   *netlog.Log        // __netlog__; nil without a network
 	net     *netstack.Stack    // set by assemble when net = 1
+	// The data and egress planes, made before assembly (startPlanes);
+	// nil in console mode. The ports are the effective ones: nether.conf's,
+	// else the restored artifact's.
+	planes                                   *plane.Planes
+	appPort, egressPort, capturedEgressPort int
 	netComp *netComponent
 	// consoleDone closes when the console pump has read the console to
 	// its end; set by assemble with the machine.
@@ -220,6 +226,12 @@ func (s *Session) run() (reason string, err error) {
 			return meter.ReasonError, err
 		}
 		defer s.ctl.Close()
+		if err := s.startPlanes(); err != nil {
+			return meter.ReasonError, err
+		}
+		// Closed after the machine is gone (deferred before it): the
+		// platform's connections end with the guest.
+		defer s.planes.Close()
 		go s.ctl.Serve(s.ctx)
 		s.log.Info("control socket ready", "path", s.cfg.ControlSocket)
 	}

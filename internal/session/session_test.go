@@ -733,12 +733,12 @@ func TestBudgets(t *testing.T) {
 // client can verify what it got.
 func TestInfoReportsEveryCap(t *testing.T) {
 	eng := fake.New(slog.Default())
-	sb := start(t, eng, "", "max_runtime_s = 60\nmax_cpu_s = 30\nidle_timeout_s = 20\nmax_output_bytes = 4096\n")
+	sb := start(t, eng, "", "max_runtime_s = 60\nmax_cpu_s = 30\nidle_timeout_s = 20\nmax_output_bytes = 4096\nmax_data_conns = 7\ndata_idle_ms = 500\ndata_rate_kbps = 8000\napp_port = 8080\n")
 	info := infoOf(t, sb.dial())
 	for key, want := range map[string]string{
 		"max_runtime_s": "60", "max_cpu_s": "30", "idle_timeout_s": "20", "max_output_bytes": "4096",
-		"net_rate_kbps": "0", "max_data_conns": "0", "data_idle_ms": "0", "data_rate_kbps": "0",
-		"gpu": "off", "net": "off", "data_plane": "off",
+		"net_rate_kbps": "0", "max_data_conns": "7", "data_idle_ms": "500", "data_rate_kbps": "8000",
+		"gpu": "off", "net": "off", "data_plane": "off", "app_port": "8080", "egress_plane": "off", "egress_port": "0",
 	} {
 		if got, ok := info[key]; !ok || got != want {
 			t.Errorf("__info__ %s=%q (present %v), want %q", key, got, ok, want)

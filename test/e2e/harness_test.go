@@ -352,7 +352,7 @@ func (sb *sandbox) wait(timeout time.Duration) string {
 	return sb.finalLine()
 }
 
-var finalRE = regexp.MustCompile(`^\[nether\] (final usage|x402 settlement) \(reason=([a-z_]+)\): uptime_ms=\d+ cpu_ms=\d+ mem_peak_mb=\d+ ram_mb=\d+ cpus=\d+ commands=\d+ bytes_in=\d+ bytes_out=\d+ net_tx=\d+ net_rx=\d+ net_blocked=\d+$`)
+var finalRE = regexp.MustCompile(`^\[nether\] (final usage|x402 settlement) \(reason=([a-z_]+)\): uptime_ms=\d+ cpu_ms=\d+ mem_peak_mb=\d+ ram_mb=\d+ cpus=\d+ commands=\d+ bytes_in=\d+ bytes_out=\d+ net_tx=\d+ net_rx=\d+ net_blocked=\d+ data_conns=\d+ data_ms=\d+$`)
 
 // finalLine checks there is exactly one final record and returns it.
 func (sb *sandbox) finalLine() string {
