@@ -118,9 +118,9 @@ type Session struct {
 	// The data and egress planes, made before assembly (startPlanes);
 	// nil in console mode. The ports are the effective ones: nether.conf's,
 	// else the restored artifact's.
-	planes                                   *plane.Planes
+	planes                                  *plane.Planes
 	appPort, egressPort, capturedEgressPort int
-	netComp *netComponent
+	netComp                                 *netComponent
 	// consoleDone closes when the console pump has read the console to
 	// its end; set by assemble with the machine.
 	consoleDone <-chan struct{}
