@@ -27,6 +27,7 @@ func (c *Client) Listen(ctx context.Context, port uint16) error {
 	if err != nil {
 		return err
 	}
+	st.CloseWrite(nil) // the request is all there is to say
 	if _, err := drain(ctx, st); err != nil {
 		st.Reset("abandoned")
 		return fmt.Errorf("setting the guest's egress listener to port %d: %w", port, AgentError(err))

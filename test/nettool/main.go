@@ -8,6 +8,8 @@
 //	                           print ok= refused= timeout= and the p50/p99 time to an answer
 //	nettool send ADDR MIB      write MIB MiB to ADDR; print the rate
 //	nettool recv ADDR          read ADDR to its end; print bytes and the rate
+//	nettool converse ADDR N    on one connection, N times: send "request <i>", wait in
+//	                           recv() for a line, print "pid=<pid> got: <line>"
 package main
 
 import (
@@ -47,13 +49,15 @@ func main() {
 		send(addr, arg())
 	case "recv":
 		recv(addr)
+	case "converse":
+		converse(addr, arg())
 	default:
 		usage()
 	}
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: nettool hold|attempts ADDR N | send ADDR MIB | recv ADDR")
+	fmt.Fprintln(os.Stderr, "usage: nettool hold|attempts|converse ADDR N | send ADDR MIB | recv ADDR")
 	os.Exit(2)
 }
 
@@ -162,3 +166,34 @@ func recv(addr string) {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// converse is a tenant's ordinary outbound client: a request, then a
+// plain blocking read for the answer, N times on one connection. The
+// egress tests park the sandbox while it waits.
+func converse(addr string, n int) {
+	c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+	if err != nil {
+		fmt.Println("dial:", err)
+		os.Exit(1)
+	}
+	defer c.Close()
+	pid := os.Getpid()
+	fmt.Printf("pid=%d connected\n", pid)
+	buf := make([]byte, 4096)
+	for i := 1; i <= n; i++ {
+		if _, err := fmt.Fprintf(c, "request %d\n", i); err != nil {
+			fmt.Printf("pid=%d write: %v\n", pid, err)
+			os.Exit(1)
+		}
+		var line []byte
+		for len(line) == 0 || line[len(line)-1] != '\n' {
+			k, err := c.Read(buf)
+			line = append(line, buf[:k]...)
+			if err != nil {
+				fmt.Printf("pid=%d read: %v (after %q)\n", pid, err, line)
+				os.Exit(1)
+			}
+		}
+		fmt.Printf("pid=%d got: %s", pid, line)
+	}
+}
