@@ -10,6 +10,10 @@
 //	nettool recv ADDR          read ADDR to its end; print bytes and the rate
 //	nettool converse ADDR N    on one connection, N times: send "request <i>", wait in
 //	                           recv() for a line, print "pid=<pid> got: <line>"
+//	nettool serve ADDR         an HTTP server (a tenant's): /small answers "hello",
+//	                           /big?mib=N streams N MiB
+//	nettool get URL N          N GETs of URL, each on a new connection; print the
+//	                           p50/p99 time to the whole answer and the rate
 package main
 
 import (
@@ -17,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"sort"
 	"strconv"
@@ -51,13 +56,17 @@ func main() {
 		recv(addr)
 	case "converse":
 		converse(addr, arg())
+	case "serve":
+		serve(addr)
+	case "get":
+		get(addr, arg())
 	default:
 		usage()
 	}
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: nettool hold|attempts|converse ADDR N | send ADDR MIB | recv ADDR")
+	fmt.Fprintln(os.Stderr, "usage: nettool hold|attempts|converse ADDR N | send ADDR MIB | recv ADDR | serve ADDR | get URL N")
 	os.Exit(2)
 }
 
@@ -196,4 +205,52 @@ func converse(addr string, n int) {
 		}
 		fmt.Printf("pid=%d got: %s", pid, line)
 	}
+}
+
+// serve is a tenant's ordinary HTTP server, for the data-plane benchmark.
+func serve(addr string) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/small", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello\n") })
+	mux.HandleFunc("/big", func(w http.ResponseWriter, r *http.Request) {
+		mib, _ := strconv.Atoi(r.URL.Query().Get("mib"))
+		w.Header().Set("Content-Length", strconv.Itoa(mib<<20))
+		buf := make([]byte, 1<<20)
+		for range mib {
+			if _, err := w.Write(buf); err != nil {
+				return
+			}
+		}
+	})
+	if err := http.ListenAndServe(addr, mux); err != nil {
+		fmt.Println("serve:", err)
+		os.Exit(1)
+	}
+}
+
+// get times n GETs of url, each on a new connection.
+func get(url string, n int) {
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 60 * time.Second}
+	var took []time.Duration
+	var bytes int64
+	start := time.Now()
+	for range n {
+		t0 := time.Now()
+		resp, err := c.Get(url)
+		if err != nil {
+			fmt.Println("get:", err)
+			os.Exit(1)
+		}
+		k, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 {
+			fmt.Println("get:", resp.Status, err)
+			os.Exit(1)
+		}
+		bytes += k
+		took = append(took, time.Since(t0))
+	}
+	total := time.Since(start)
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	pct := func(p float64) float64 { return float64(took[int(p*float64(len(took)-1))]) / 1e6 }
+	fmt.Printf("n=%d p50_ms=%.2f p99_ms=%.2f mib_s=%.1f\n", n, pct(0.5), pct(0.99), float64(bytes)/(1<<20)/total.Seconds())
 }
