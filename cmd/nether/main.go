@@ -57,6 +57,18 @@ nether.conf keys (key = value, # comments):
                     comma-separated CIDR lists let through / always blocked:
                     net_allow = 10.0.0.0/8, 192.168.0.0/16
   net_rate_kbps     download cap in kbit/s, 0 = unlimited (default 0)
+  app_port, data_socket
+                    the data plane: each connection to data_socket (0600)
+                    reaches the tenant's server on the guest's
+                    127.0.0.1:app_port
+  egress_port, egress_socket
+                    the egress plane: each tenant connection to the
+                    guest's 127.0.0.1:egress_port makes nether dial the
+                    platform's egress_socket, writing first
+                    "NETHER-EGRESS v1 conn=<id> resume=<0|1>"
+  max_data_conns    data and egress connections at once, 1-48 (default 48)
+  data_idle_ms      reap a data connection idle both ways, 0 = off (default 0)
+  data_rate_kbps    guest -> platform cap in kbit/s, 0 = unlimited (default 0)
 
 Snapshots (control mode): __snapshot__ [path] captures a base into the
 launch directory and keeps running; __park__ [path] captures a one-shot
@@ -65,7 +77,7 @@ park and exits. A new nether restores either from its own directory:
   restore_from = /absolute/path/of/the/artifact
   control_socket = ...
   snapshot_allow_dirty  snapshot or park with a command in flight (0)
-  park_dirty        park even with host-side bytes undelivered (0)
+  park_dirty        park even with bytes a plane holds undelivered (0)
   fork_reseed       new vmgenid generation per restore, so the guest
                     reseeds its CRNG (default 1)
 validate_snapshot = <path> checks an artifact without booting and exits:
