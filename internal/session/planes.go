@@ -59,7 +59,11 @@ func (s *Session) startPlanes() error {
 	if s.appPort == 0 {
 		s.appPort = captured.AppPort
 	}
-	if s.egressPort == 0 {
+	if s.egressPort == 0 && s.cfg.EgressSocket != "" {
+		// A restore with an egress socket and no port uses the port its
+		// guest listens on; one without either closes that listener
+		// (setEgressListener), so the tenant's connections are refused
+		// rather than accepted and dropped.
 		s.egressPort = captured.EgressPort
 	}
 	s.capturedEgressPort = captured.EgressPort
@@ -131,10 +135,7 @@ func (s *Session) serveEgress(_ context.Context, st *channel.Stream, req agentpr
 // listens on, once it is up: after a boot, and after a restore, whose
 // guest may have another listener from its capture (or one to close).
 func (s *Session) setEgressListener(restored bool) {
-	port := 0
-	if s.egressPlane() || s.cfg.EgressPort != 0 {
-		port = s.egressPort
-	}
+	port := s.egressPort
 	if !restored && port == 0 {
 		return
 	}
