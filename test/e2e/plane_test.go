@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/client"
+	"github.com/nethersandbox/nether/internal/testharness"
 )
 
 // The planes' tests fork one base whose guest runs a warm tenant server
@@ -146,13 +147,14 @@ func TestDataPlane(t *testing.T) {
 	}
 }
 
-// TestDataPlaneCaps: past max_data_conns a connection is closed at once;
-// a connection idle both ways for data_idle_ms is reaped; data_rate_kbps
-// paces a download without losing a byte.
+// TestDataPlaneCaps: the 49th connection (past the default and ceiling
+// of max_data_conns) is closed at once; connections idle both ways for
+// data_idle_ms are reaped; data_rate_kbps paces a download without
+// losing a byte.
 func TestDataPlaneCaps(t *testing.T) {
-	sb, c, sock := planeFork(t, "max_data_conns = 2", "data_idle_ms = 500", "data_rate_kbps = 16000")
+	sb, c, sock := planeFork(t, "data_idle_ms = 3000", "data_rate_kbps = 16000")
 	var held []net.Conn
-	for range 2 {
+	for range 48 {
 		conn, err := net.Dial("unix", sock)
 		if err != nil {
 			t.Fatal(err)
@@ -168,11 +170,11 @@ func TestDataPlaneCaps(t *testing.T) {
 	over.SetReadDeadline(time.Now().Add(5 * time.Second))
 	t0 := time.Now()
 	if n, err := over.Read(make([]byte, 1)); n != 0 || err != io.EOF {
-		t.Errorf("the connection over max_data_conns read %d, %v; want it closed", n, err)
+		t.Errorf("the 49th connection read %d, %v; want it closed", n, err)
 	}
-	t.Logf("the third connection was closed after %s", time.Since(t0).Round(time.Millisecond))
+	t.Logf("the 49th connection was closed after %s", time.Since(t0).Round(time.Millisecond))
 	over.Close()
-	// The two held connections say nothing: reaped after 500 ms.
+	// The held connections say nothing: reaped after 3 s.
 	for i, conn := range held {
 		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 		if _, err := conn.Read(make([]byte, 1)); err != io.EOF {
@@ -363,5 +365,30 @@ func TestParkDrainGate(t *testing.T) {
 			}
 			sb.wait(30 * time.Second)
 		})
+	}
+}
+
+// TestDataSocketIsAFile: a data_socket path holding a regular file stops
+// nether before it boots anything, names the key, and leaves the file.
+func TestDataSocketIsAFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "data.sock")
+	if err := os.WriteFile(path, []byte("not a socket"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sb := runToEnd(t, testharness.Options{Dir: dir, Socket: filepath.Join(dir, "ctl.sock"),
+		Conf: []string{"app_port = 8080", "data_socket = " + path}}, 30*time.Second)
+	out := sb.stdout.String() + sb.stderr.String()
+	if code := sb.h.ExitCode(); code == 0 {
+		t.Fatalf("nether exited 0 with a regular file at data_socket:\n%s", out)
+	}
+	if !strings.Contains(out, "data_socket "+path+" exists and is not a socket") {
+		t.Fatalf("the error does not name data_socket:\n%s", out)
+	}
+	if b, err := os.ReadFile(path); err != nil || string(b) != "not a socket" {
+		t.Fatalf("the file at data_socket was touched: %q, %v", b, err)
+	}
+	if len(sb.h.QEMUChildren()) > 0 {
+		t.Fatal("nether started QEMU before refusing its data socket")
 	}
 }
