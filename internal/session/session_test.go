@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -717,6 +718,31 @@ func TestBudgets(t *testing.T) {
 			}
 			// The command ends about 0.5 s from now; the idle clock
 			// starts then, so the session ends about 1.5 s from now.
+		}, 3 * time.Second, "idle"},
+		{"idle held off by a data-plane connection", "idle_timeout_s = 1\napp_port = 8080\ndata_socket = data.sock\n", func(t *testing.T, sb *sandbox) {
+			var dc net.Conn
+			var err error
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				if dc, err = net.Dial("unix", filepath.Join(sb.dir, "data.sock")); err == nil || time.Now().After(deadline) {
+					break
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 6 { // 3 s with the connection open and echoing
+				io.WriteString(dc, "ping")
+				if _, err := io.ReadFull(dc, make([]byte, 4)); err != nil {
+					t.Fatalf("the data connection: %v", err)
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
+			select {
+			case <-sb.exit:
+				t.Fatal("the session went idle with a data-plane connection open and busy")
+			default:
+			}
+			dc.Close()
 		}, 3 * time.Second, "idle"},
 	}
 	for _, tc := range cases {

@@ -619,6 +619,11 @@ func (m *Machine) serve(st *channel.Stream) {
 	case agentproto.OpPoweroff:
 		st.CloseWrite([]byte("ok 0"))
 		m.end(nil)
+	case agentproto.OpConnect:
+		// The tenant's server at every port echoes until the host
+		// half-closes.
+		io.Copy(st, st)
+		st.CloseWrite(nil)
 	default:
 		st.Reset("operation not served by the fake agent")
 	}
