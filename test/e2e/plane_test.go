@@ -392,3 +392,36 @@ func TestDataSocketIsAFile(t *testing.T) {
 		t.Fatal("nether started QEMU before refusing its data socket")
 	}
 }
+
+// TestEgressFlood: a tenant that opens egress connections as fast as it
+// can gets max_data_conns of them bridged and the rest closed at once;
+// the control socket keeps answering and the platform sees no more than
+// the cap.
+func TestEgressFlood(t *testing.T) {
+	eg, egSock := listenEgress(t)
+	sb := restoreIn(t, t.TempDir(), planeBase(t), "egress_socket = "+egSock, "max_data_conns = 8")
+	c := sb.dial()
+	// 100 connections held open for a while, from the guest.
+	mustRun(t, c, fmt.Sprintf("(sleep 6 | /tmp/nettool hold 127.0.0.1:%d 100 > /tmp/hold.out 2>&1) >/dev/null 2>&1 &", planeEgressPort))
+	var platform []*net.UnixConn
+	deadline := time.After(4 * time.Second)
+collect:
+	for {
+		select {
+		case pc := <-eg.conns:
+			platform = append(platform, pc)
+			defer pc.Close()
+		case <-deadline:
+			break collect
+		}
+	}
+	t0 := time.Now()
+	if out := mustRun(t, c, "echo alive"); out != "alive\n" {
+		t.Errorf("the control socket during the flood: %q", out)
+	}
+	t.Logf("a command during the flood answered in %s; the platform got %d connections", time.Since(t0).Round(time.Millisecond), len(platform))
+	if len(platform) != 8 {
+		t.Errorf("the platform got %d egress connections under max_data_conns = 8", len(platform))
+	}
+	shutdown(t, sb, c)
+}
