@@ -51,7 +51,7 @@ if [ "${major:-0}" -lt 1 ] || { [ "$major" -eq 1 ] && [ "${minor:-0}" -lt 26 ]; 
 	die "Go $gover at $GO is too old; need >= 1.26"
 fi
 
-pkgs=(./cmd/nether ./cmd/nether-ctl ./cmd/nether-guest)
+pkgs=(./cmd/nether ./cmd/nether-ctl ./cmd/nether-guest ./cmd/nexus)
 mkdir -p bin
 "$GO" build -trimpath -o bin/ "${pkgs[@]}"
 say "built ${pkgs[*]#./cmd/} into bin/ ($gover)"

@@ -1,0 +1,557 @@
+// nexus orchestrates nether sandboxes: records that outlive it, a
+// lifecycle table, snapshots, forks and warm pools. Each sandbox's nether
+// runs detached in its own directory under the state directory.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+
+	"github.com/nethersandbox/nether/nexus"
+	"github.com/nethersandbox/nether/nexus/store"
+)
+
+// Exit codes.
+const (
+	exitError   = 1 // anything else
+	exitUsage   = 2
+	exitIllegal = 3 // the lifecycle table does not allow the request
+	exitMissing = 4 // no such sandbox or snapshot
+	exitBusy    = 5 // another operation holds the sandbox
+	exitTaken   = 6 // the name is taken
+)
+
+type app struct {
+	stateDir string
+	asJSON   bool
+	verbose  bool
+	n        *nexus.Nexus
+	// exit is the code a command wants (exec: the guest command's).
+	exit int
+}
+
+func main() {
+	a := &app{}
+	root := a.commands()
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	root.SetContext(ctx)
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "nexus:", err)
+		os.Exit(exitCode(err))
+	}
+	os.Exit(a.exit)
+}
+
+func exitCode(err error) int {
+	var ue usageError
+	switch {
+	case errors.As(err, &ue):
+		return exitUsage
+	case nexus.IsIllegal(err):
+		return exitIllegal
+	case errors.Is(err, store.ErrNotFound):
+		return exitMissing
+	case errors.Is(err, nexus.ErrBusy):
+		return exitBusy
+	case errors.Is(err, store.ErrNameTaken):
+		return exitTaken
+	}
+	return exitError
+}
+
+type usageError struct{ error }
+
+// open opens the state directory (reconciling it) for a command.
+func (a *app) open(cmd *cobra.Command) error {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if a.verbose {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	self, _ := os.Executable()
+	n, err := nexus.Open(cmd.Context(), nexus.Options{StateDir: a.stateDir, Log: log, SelfForFill: self})
+	if err != nil {
+		return err
+	}
+	a.n = n
+	return nil
+}
+
+func (a *app) commands() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "nexus",
+		Short: "Orchestrate nether sandboxes: records, lifecycle, snapshots, forks, warm pools",
+		Long: `nexus keeps a record of every sandbox in a state directory and runs each
+sandbox's nether detached, so sandboxes outlive the nexus command that
+started them. Every command first reconciles the records with the
+processes that really run.
+
+State directory: --state-dir, else NEXUS_STATE_DIR, else /var/lib/nexus
+for root and $XDG_DATA_HOME/nexus otherwise. The nether binary: NEXUS_NETHER,
+else nether next to nexus, else nether on PATH.
+
+Exit status: 0 done; 1 failed; 2 bad usage; 3 the lifecycle does not allow
+it; 4 no such sandbox or snapshot; 5 another operation holds the sandbox;
+6 the name is taken. nexus exec exits with the guest command's status.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.Name() == "help" || cmd.Name() == "completion" {
+				return nil
+			}
+			return a.open(cmd)
+		},
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.PersistentFlags().StringVar(&a.stateDir, "state-dir", "", "state directory (default: NEXUS_STATE_DIR, /var/lib/nexus as root, else $XDG_DATA_HOME/nexus)")
+	root.PersistentFlags().BoolVar(&a.asJSON, "json", false, "print JSON for programs instead of tables")
+	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log what nexus does on stderr")
+	root.AddCommand(a.createCmd(), a.verbCmd("start", "Boot a created or stopped sandbox", (*nexus.Nexus).Start),
+		a.verbCmd("stop", "Shut a running sandbox's guest down cleanly", (*nexus.Nexus).Stop),
+		a.verbCmd("pause", "Park a running sandbox: its memory goes to disk and it costs no memory", (*nexus.Nexus).Pause),
+		a.verbCmd("resume", "Wake a paused sandbox", (*nexus.Nexus).Resume),
+		a.rmCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.cpCmd(), a.logsCmd(),
+		a.snapshotCmd(), a.forkCmd(), a.poolCmd(), a.treeCmd())
+	return root
+}
+
+func args(n int) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, a []string) error {
+		if len(a) != n {
+			return usageError{fmt.Errorf("%s takes %d argument(s), got %d (see nexus %s --help)", cmd.Name(), n, len(a), cmd.Name())}
+		}
+		return nil
+	}
+}
+
+func (a *app) print(v any, table func(w io.Writer)) error {
+	if a.asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	table(w)
+	return w.Flush()
+}
+
+// short is an id as tables show it: the time part and 30 random bits,
+// which any command takes as a prefix.
+func short(id string) string {
+	if len(id) > 16 {
+		return id[:16]
+	}
+	return id
+}
+
+func (a *app) createCmd() *cobra.Command {
+	var req nexus.CreateRequest
+	var start bool
+	cmd := &cobra.Command{
+		Use:   "create [--name NAME] [settings]",
+		Short: "Make a sandbox record (created); --start boots it too",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sb, err := a.n.Create(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if start {
+				if sb, err = a.n.Start(cmd.Context(), sb.ID); err != nil {
+					return err
+				}
+			}
+			return a.print(sb, func(w io.Writer) { fmt.Fprintln(w, sb.ID) })
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.Name, "name", "", "a unique name (letters, digits, - _ .)")
+	f.BoolVar(&start, "start", false, "boot it at once")
+	f.IntVar(&req.Config.CPUs, "cpus", 0, "vCPUs (nether's default: 1)")
+	f.IntVar(&req.Config.RAMMB, "ram-mb", 0, "guest RAM in MiB (nether's default: 512)")
+	f.BoolVar(&req.Config.Net, "net", false, "give the guest a network behind nether's NAT and firewall")
+	f.StringVar(&req.Config.NetAllow, "net-allow", "", "CIDR list let through the firewall's default deny")
+	f.StringVar(&req.Config.NetBlock, "net-block", "", "CIDR list always blocked")
+	f.Int64Var(&req.Config.MaxRuntimeS, "max-runtime-s", 0, "end a session after this many seconds")
+	f.Int64Var(&req.Config.MaxCPUS, "max-cpu-s", 0, "end a session after this much guest CPU time")
+	f.Int64Var(&req.Config.IdleTimeoutS, "idle-timeout-s", 0, "end a session after this long idle")
+	f.IntVar(&req.Config.AppPort, "app-port", 0, "the tenant's server port in the guest (data plane)")
+	f.IntVar(&req.Config.EgressPort, "egress-port", 0, "the guest port of the egress plane")
+	f.BoolVar(&req.Config.GPU, "gpu", false, "give the guest a display")
+	for _, unsupported := range []string{"disk-size-mb", "rootfs", "run-as"} {
+		f.String(unsupported, "", "not in this build yet: refused")
+	}
+	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
+		for _, u := range []string{"disk-size-mb", "rootfs", "run-as"} {
+			if cmd.Flags().Changed(u) {
+				return usageError{fmt.Errorf("--%s needs disks and custom images, which this build does not have yet", u)}
+			}
+		}
+		return nil
+	}
+	return cmd
+}
+
+func (a *app) verbCmd(use, short string, op func(*nexus.Nexus, context.Context, string) (*nexus.Sandbox, error)) *cobra.Command {
+	return &cobra.Command{
+		Use:   use + " SANDBOX",
+		Short: short,
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := op(a.n, cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return a.print(sb, func(w io.Writer) { fmt.Fprintf(w, "%s %s\n", sb.Ref(), sb.State) })
+		},
+	}
+}
+
+func (a *app) rmCmd() *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "rm SANDBOX...",
+		Short: "Remove sandboxes (a running one needs --force, which stops it first)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{errors.New("rm takes one or more sandboxes")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var errs []error
+			for _, ref := range args {
+				if err := a.n.Remove(cmd.Context(), ref, force); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			return errors.Join(errs...)
+		},
+	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "stop a running sandbox first")
+	return cmd
+}
+
+func (a *app) lsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "ls",
+		Short: "List sandboxes",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			sbs, err := a.n.List(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if sbs == nil {
+				sbs = []*nexus.Sandbox{}
+			}
+			return a.print(sbs, func(w io.Writer) {
+				fmt.Fprintln(w, "ID\tNAME\tSTATE\tPARENT\tSNAPSHOT\tCREATED\tNOTE")
+				for _, sb := range sbs {
+					note := sb.Reason
+					if sb.Pool != "" {
+						note = "pool of " + short(sb.Pool)
+					}
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short(sb.ID), dash(sb.Name), sb.State, dash(short(sb.Parent)),
+						dash(short(sb.Snapshot)), sb.Created.Local().Format("2006-01-02 15:04:05"), note)
+				}
+			})
+		},
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func (a *app) inspectCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect SANDBOX",
+		Short: "Show a sandbox's record (JSON)",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			sb, err := a.n.Inspect(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			a.asJSON = true
+			return a.print(sb, nil)
+		},
+	}
+}
+
+func (a *app) execCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "exec SANDBOX -- COMMAND...",
+		Short: "Run a shell command in a running sandbox; exits with its status",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 2 {
+				return usageError{errors.New("exec takes a sandbox and a command: nexus exec web -- ls /")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			code, err := a.n.Exec(cmd.Context(), args[0], strings.Join(args[1:], " "), os.Stdout)
+			if err != nil {
+				return err
+			}
+			a.exit = code
+			return nil
+		},
+	}
+}
+
+func (a *app) cpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "cp SRC DST",
+		Short: "Copy a file into or out of a running sandbox: nexus cp f web:/tmp/f, nexus cp web:/etc/os-release .",
+		Args:  args(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			src, dst := args[0], args[1]
+			if sb, path, ok := strings.Cut(dst, ":"); ok && !strings.Contains(src, ":") {
+				return a.n.CopyIn(cmd.Context(), sb, src, path)
+			}
+			if sb, path, ok := strings.Cut(src, ":"); ok && !strings.Contains(dst, ":") {
+				if fi, err := os.Stat(dst); err == nil && fi.IsDir() {
+					dst = dst + "/" + path[strings.LastIndexByte(path, '/')+1:]
+				}
+				return a.n.CopyOut(cmd.Context(), sb, path, dst)
+			}
+			return usageError{errors.New("cp copies between the host and one sandbox: exactly one of SRC and DST is SANDBOX:PATH")}
+		},
+	}
+}
+
+func (a *app) logsCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "logs SANDBOX",
+		Short: "Print a sandbox's console log",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			p, err := a.n.Logs(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			f, err := os.Open(p)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = io.Copy(os.Stdout, f)
+			return err
+		},
+	}
+}
+
+func (a *app) snapshotCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "snapshot", Short: "Snapshots: create, ls, inspect, rm"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "create SANDBOX [NAME]",
+		Short: "Capture a running sandbox into the snapshot store; it keeps running",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) < 1 || len(args) > 2 {
+				return usageError{errors.New("snapshot create takes a sandbox and an optional name")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			name := ""
+			if len(args) == 2 {
+				name = args[1]
+			}
+			s, err := a.n.SnapshotCreate(cmd.Context(), args[0], name)
+			if err != nil {
+				return err
+			}
+			return a.print(s, func(w io.Writer) { fmt.Fprintln(w, s.ID) })
+		},
+	}, &cobra.Command{
+		Use:   "ls",
+		Short: "List snapshots",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ss, err := a.n.SnapshotList(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if ss == nil {
+				ss = []*nexus.Snapshot{}
+			}
+			return a.print(ss, func(w io.Writer) {
+				fmt.Fprintln(w, "ID\tNAME\tSOURCE\tSIZE\tREFS\tCREATED")
+				for _, s := range ss {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%.1f MiB\t%d\t%s\n", short(s.ID), dash(s.Name), short(s.Source), float64(s.Size)/(1<<20), len(s.Refs),
+						s.Created.Local().Format("2006-01-02 15:04:05"))
+				}
+			})
+		},
+	}, &cobra.Command{
+		Use:   "inspect SNAPSHOT",
+		Short: "Show a snapshot's record (JSON)",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			s, err := a.n.SnapshotInspect(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			a.asJSON = true
+			return a.print(s, nil)
+		},
+	}, &cobra.Command{
+		Use:   "rm SNAPSHOT",
+		Short: "Remove a snapshot no sandbox depends on",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.n.SnapshotRemove(cmd.Context(), args[0])
+		},
+	})
+	return cmd
+}
+
+func (a *app) forkCmd() *cobra.Command {
+	req := nexus.ForkRequest{}
+	cmd := &cobra.Command{
+		Use:   "fork SANDBOX|SNAPSHOT [-n N] [--name NAME]...",
+		Short: "Make N new sandboxes from a snapshot (or a running sandbox, snapshotted first)",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req.From = args[0]
+			if isTerminal(os.Stderr) && req.N > 1 && !a.asJSON {
+				req.Progress = func(done, failed, total int) {
+					fmt.Fprintf(os.Stderr, "\rforking: %d/%d up, %d failed", done, total, failed)
+					if done+failed == total {
+						fmt.Fprintln(os.Stderr)
+					}
+				}
+			}
+			t0 := time.Now()
+			kids, err := a.n.Fork(cmd.Context(), req)
+			if kids == nil {
+				kids = []*nexus.Sandbox{}
+			}
+			perr := a.print(kids, func(w io.Writer) {
+				for _, k := range kids {
+					fmt.Fprintln(w, k.ID)
+				}
+			})
+			if a.verbose {
+				fmt.Fprintf(os.Stderr, "forked %d in %s\n", len(kids), time.Since(t0).Round(time.Millisecond))
+			}
+			return errors.Join(err, perr)
+		},
+	}
+	cmd.Flags().IntVarP(&req.N, "n", "n", 1, "how many children")
+	cmd.Flags().StringArrayVar(&req.Names, "name", nil, "a child's name (repeat for each, or one for name-1 ... name-N)")
+	return cmd
+}
+
+func (a *app) poolCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "pool", Short: "Warm pools: set, ls, fill"}
+	var size int
+	set := &cobra.Command{
+		Use:   "set SNAPSHOT --size N",
+		Short: "Keep N children of a snapshot restored, so forking it claims one at once (0 empties it)",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("size") {
+				return usageError{errors.New("pool set needs --size")}
+			}
+			p, err := a.n.PoolSet(cmd.Context(), args[0], size)
+			if err != nil {
+				return err
+			}
+			return a.print(p, func(w io.Writer) { fmt.Fprintf(w, "pool of %s: %d\n", p.Snapshot, p.Size) })
+		},
+	}
+	set.Flags().IntVar(&size, "size", 0, "members to keep warm")
+	cmd.AddCommand(set, &cobra.Command{
+		Use:   "ls",
+		Short: "List pools",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ps, err := a.n.Pools(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if ps == nil {
+				ps = []*store.Pool{}
+			}
+			return a.print(ps, func(w io.Writer) {
+				fmt.Fprintln(w, "SNAPSHOT\tSIZE")
+				for _, p := range ps {
+					fmt.Fprintf(w, "%s\t%d\n", short(p.Snapshot), p.Size)
+				}
+			})
+		},
+	}, &cobra.Command{
+		Use:    "fill SNAPSHOT",
+		Short:  "Bring a pool to its size (nexus runs it in the background after a claim)",
+		Args:   args(1),
+		Hidden: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			return a.n.PoolFill(cmd.Context(), args[0])
+		},
+	})
+	return cmd
+}
+
+func (a *app) treeCmd() *cobra.Command {
+	var dot bool
+	cmd := &cobra.Command{
+		Use:   "tree [SANDBOX|SNAPSHOT]",
+		Short: "Draw the lineage of sandboxes and snapshots (--dot for Graphviz)",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usageError{errors.New("tree takes at most one sandbox or snapshot")}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ref := ""
+			if len(args) == 1 {
+				ref = args[0]
+			}
+			roots, err := a.n.Tree(cmd.Context(), ref)
+			if err != nil {
+				return err
+			}
+			switch {
+			case a.asJSON:
+				if roots == nil {
+					roots = []*nexus.Node{}
+				}
+				return a.print(roots, nil)
+			case dot:
+				nexus.WriteDot(os.Stdout, roots)
+			default:
+				nexus.WriteTree(os.Stdout, roots)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&dot, "dot", false, "print a Graphviz digraph")
+	return cmd
+}
+
+func isTerminal(f *os.File) bool {
+	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
+	return err == nil
+}
+

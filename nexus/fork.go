@@ -1,0 +1,228 @@
+package nexus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nethersandbox/nether/nexus/lifecycle"
+	"github.com/nethersandbox/nether/nexus/store"
+)
+
+// opBirth is the lease of a sandbox being forked (or restored into a
+// pool): its record exists so that no other nexus takes its nether for
+// an orphan, but it is not shown until its guest answers.
+const opBirth = "birth"
+
+// ForkRequest is `nexus fork`.
+type ForkRequest struct {
+	// From names a snapshot, or a running sandbox (a snapshot of it is
+	// taken first).
+	From string
+	// N children (default 1), named Names[i] when given: no names, one
+	// per child, or one name that gets -1 ... -N when N > 1.
+	N     int
+	Names []string
+	// Progress, when set, is told as each child comes up (or fails).
+	Progress func(done, failed, total int)
+}
+
+// Fork makes N new sandboxes from a snapshot, each running on its own
+// copy-on-write memory with its own identity: a new id and hostname, and
+// from nether's restore a fresh machine-id, VM generation id (so its CRNG
+// is reseeded) and session epoch. Each child has its own NAT, so every
+// guest can keep the address 10.0.2.15. The parent is unchanged. The
+// children start concurrently; Fork returns those that came up, and an
+// error naming the ones that did not.
+func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
+	if req.N <= 0 {
+		req.N = 1
+	}
+	names, err := childNames(req.Names, req.N)
+	if err != nil {
+		return nil, err
+	}
+	snap, parent, err := n.forkSource(ctx, req.From)
+	if err != nil {
+		return nil, err
+	}
+	if err := verify(snap); err != nil {
+		return nil, err
+	}
+	// Warm children first, then cold ones for the rest.
+	var kids []*Sandbox
+	claimed, err := n.claimFromPool(ctx, snap, names)
+	if err != nil {
+		return nil, err
+	}
+	kids = append(kids, claimed...)
+	names = names[len(claimed):]
+	if len(names) > 0 {
+		cold, err := n.birth(ctx, snap, parent, names, "", req.Progress)
+		kids = append(kids, cold...)
+		if err != nil {
+			return kids, err
+		}
+	}
+	if len(claimed) > 0 {
+		n.topUp(snap.ID)
+	}
+	return kids, nil
+}
+
+// childNames spreads the requested names over n children.
+func childNames(names []string, n int) ([]string, error) {
+	out := make([]string, n)
+	switch {
+	case len(names) == 0:
+	case len(names) == n:
+		copy(out, names)
+	case len(names) == 1:
+		for i := range out {
+			out[i] = names[0] + "-" + strconv.Itoa(i+1)
+		}
+		if n == 1 {
+			out[0] = names[0]
+		}
+	default:
+		return nil, fmt.Errorf("%d names for %d children: give none, one, or one per child", len(names), n)
+	}
+	for _, nm := range out {
+		if err := checkName(nm); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// forkSource resolves what a fork starts from: a snapshot, or a running
+// sandbox captured now. parent is the sandbox the children descend from.
+func (n *Nexus) forkSource(ctx context.Context, ref string) (*Snapshot, string, error) {
+	var snap *Snapshot
+	var sb *Sandbox
+	err := n.db.View(func(tx *store.Tx) error {
+		s, serr := tx.FindSnapshot(ref)
+		b, berr := tx.FindSandbox(ref)
+		switch {
+		case serr == nil && berr == nil && s.ID != b.ID:
+			return fmt.Errorf("%q names both sandbox %s and snapshot %s; give the id of the one you mean", ref, b.ID, s.ID)
+		case serr == nil:
+			snap = s
+		case berr == nil:
+			sb = b
+		case errors.Is(serr, store.ErrNotFound) && errors.Is(berr, store.ErrNotFound):
+			return fmt.Errorf("%w: no sandbox or snapshot named or with id %q", store.ErrNotFound, ref)
+		case !errors.Is(serr, store.ErrNotFound):
+			return serr
+		default:
+			return berr
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	if snap != nil {
+		if snap.Digest == "" {
+			return nil, "", fmt.Errorf("snapshot %s is still being written", snap.Ref())
+		}
+		return snap, snap.Source, nil
+	}
+	if sb.State != lifecycle.Running {
+		return nil, "", &lifecycle.IllegalTransitionError{Sandbox: sb.Ref(), State: sb.State, Verb: lifecycle.Fork}
+	}
+	locked, err := n.acquire(ctx, sb.ID, lifecycle.Snapshot)
+	if err != nil {
+		return nil, "", err
+	}
+	snap, err = n.capture(ctx, locked, "")
+	if err := n.finish(locked, locked.State, err); err != nil {
+		return nil, "", err
+	}
+	return snap, sb.ID, nil
+}
+
+// birth restores len(names) children of snap at once. pool, when set,
+// makes them members of snap's warm pool.
+func (n *Nexus) birth(ctx context.Context, snap *Snapshot, parent string, names []string, pool string, progress func(done, failed, total int)) ([]*Sandbox, error) {
+	now := time.Now().UTC()
+	kids := make([]*Sandbox, len(names))
+	for i, nm := range names {
+		sb := &Sandbox{ID: newID(), Name: nm, State: lifecycle.Running, Config: snap.Config, Parent: parent, Snapshot: snap.ID,
+			Pool: pool, Created: now, Lease: &store.Lease{Op: opBirth, Holder: os.Getpid(), Expires: now.Add(leaseTTL)}}
+		sb.Hostname = hostnameFor(sb)
+		kids[i] = sb
+	}
+	// The records and the snapshot's references land together: a
+	// snapshot is never without the references of children that exist.
+	err := n.db.Update(func(tx *store.Tx) error {
+		s, err := tx.Snapshot(snap.ID)
+		if err != nil {
+			return fmt.Errorf("snapshot %s: %w", snap.Ref(), err)
+		}
+		for _, sb := range kids {
+			if err := tx.PutSandbox(sb); err != nil {
+				return err
+			}
+			s.Refs = append(s.Refs, sb.ID)
+		}
+		return tx.PutSnapshot(s)
+	})
+	if err != nil {
+		return nil, err
+	}
+	var (
+		mu           sync.Mutex
+		done, failed int
+		errs         []error
+		wg           sync.WaitGroup
+		born         []*Sandbox
+	)
+	for _, sb := range kids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := os.MkdirAll(n.sandboxDir(sb.ID), 0o700)
+			if err == nil {
+				err = n.launch(ctx, sb, snap.Dir)
+			}
+			if err == nil {
+				err = n.release(sb)
+			}
+			mu.Lock()
+			if err != nil {
+				failed++
+				errs = append(errs, err)
+			} else {
+				done++
+				born = append(born, sb)
+			}
+			if progress != nil {
+				progress(done, failed, len(kids))
+			}
+			mu.Unlock()
+			if err != nil {
+				n.db.Update(func(tx *store.Tx) error { return n.unbirth(tx, sb) })
+			}
+		}()
+	}
+	wg.Wait()
+	return born, errors.Join(errs...)
+}
+
+// unbirth undoes a child that never came up: its nether, its record, its
+// references, its directory.
+func (n *Nexus) unbirth(tx *store.Tx, sb *Sandbox) error {
+	terminate(sb.PID, sb.PIDStart, 10*time.Second)
+	if err := n.dropRefs(tx, sb.ID); err != nil {
+		return err
+	}
+	if err := tx.DeleteSandbox(sb); err != nil {
+		return err
+	}
+	return os.RemoveAll(n.sandboxDir(sb.ID))
+}

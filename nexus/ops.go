@@ -1,0 +1,536 @@
+package nexus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nethersandbox/nether/client"
+	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/nexus/lifecycle"
+	"github.com/nethersandbox/nether/nexus/store"
+)
+
+// Sandbox and Snapshot are the records nexus keeps, as its callers see
+// them.
+type (
+	Sandbox  = store.Sandbox
+	Snapshot = store.Snapshot
+	Config   = store.Config
+)
+
+// CreateRequest is `nexus create`.
+type CreateRequest struct {
+	Name   string
+	Config Config
+}
+
+// checkName refuses a name that could be taken for an id or a path.
+func checkName(name string) error {
+	if name == "" {
+		return nil
+	}
+	if len(name) > 63 {
+		return fmt.Errorf("name %q is longer than 63 bytes", name)
+	}
+	for i, c := range name {
+		ok := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || (i > 0 && (c == '-' || c == '_' || c == '.'))
+		if !ok {
+			return fmt.Errorf("name %q: use letters, digits and - _ . (not first)", name)
+		}
+	}
+	return nil
+}
+
+// Create makes a sandbox record in state created. Nothing runs yet.
+func (n *Nexus) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
+	if err := checkName(req.Name); err != nil {
+		return nil, err
+	}
+	if err := checkConfig(req.Config); err != nil {
+		return nil, err
+	}
+	now := time.Now().UTC()
+	sb := &Sandbox{ID: newID(), Name: req.Name, State: lifecycle.Created, Config: req.Config, Created: now}
+	sb.Hostname = hostnameFor(sb)
+	if err := os.MkdirAll(n.sandboxDir(sb.ID), 0o700); err != nil {
+		return nil, err
+	}
+	if err := n.db.Update(func(tx *store.Tx) error { return tx.PutSandbox(sb) }); err != nil {
+		os.RemoveAll(n.sandboxDir(sb.ID))
+		return nil, err
+	}
+	return sb, nil
+}
+
+// hostnameFor is a sandbox's guest hostname: its name when that is a
+// DNS label, else sandbox-<the id's tail>.
+func hostnameFor(sb *Sandbox) string {
+	if sb.Name != "" && validHostname(sb.Name) {
+		return sb.Name
+	}
+	return "sandbox-" + strings.ToLower(sb.ID[len(sb.ID)-8:])
+}
+
+// validHostname asks nether's own configuration parser, so nexus never
+// hands nether a hostname it would refuse.
+func validHostname(h string) bool {
+	_, err := conf.Parse(strings.NewReader("hostname = "+h+"\n"), "hostname", os.TempDir())
+	return err == nil
+}
+
+// confText is the nether.conf of a sandbox's next session; restoreFrom
+// is the artifact it restores ("" boots).
+func (n *Nexus) confText(sb *Sandbox, restoreFrom string) string {
+	c := sb.Config
+	var b strings.Builder
+	line := func(k string, v any) { fmt.Fprintf(&b, "%s = %v\n", k, v) }
+	line("control_socket", filepath.Join(n.sandboxDir(sb.ID), sockName))
+	line("sandbox_id", sb.ID)
+	line("hostname", sb.Hostname)
+	if c.CPUs > 0 {
+		line("cpus", c.CPUs)
+	}
+	if c.RAMMB > 0 {
+		line("ram_mb", c.RAMMB)
+	}
+	if c.Net {
+		line("net", 1)
+	}
+	if c.NetAllow != "" {
+		line("net_allow", c.NetAllow)
+	}
+	if c.NetBlock != "" {
+		line("net_block", c.NetBlock)
+	}
+	if c.GPU {
+		line("gpu", 1)
+	}
+	for k, v := range map[string]int64{"max_runtime_s": c.MaxRuntimeS, "max_cpu_s": c.MaxCPUS, "idle_timeout_s": c.IdleTimeoutS} {
+		if v > 0 {
+			line(k, v)
+		}
+	}
+	if c.AppPort > 0 {
+		line("app_port", c.AppPort)
+	}
+	if c.EgressPort > 0 {
+		line("egress_port", c.EgressPort)
+	}
+	if restoreFrom != "" {
+		line("restore", 1)
+		line("restore_from", restoreFrom)
+	}
+	return b.String()
+}
+
+// checkConfig refuses settings nether would refuse, before a record is
+// made: it asks nether's own parser.
+func checkConfig(c Config) error {
+	text := ""
+	if c.CPUs > 0 {
+		text += fmt.Sprintf("cpus = %d\n", c.CPUs)
+	}
+	if c.RAMMB > 0 {
+		text += fmt.Sprintf("ram_mb = %d\n", c.RAMMB)
+	}
+	if c.NetAllow != "" {
+		text += "net_allow = " + c.NetAllow + "\n"
+	}
+	if c.NetBlock != "" {
+		text += "net_block = " + c.NetBlock + "\n"
+	}
+	if c.AppPort != 0 {
+		text += fmt.Sprintf("app_port = %d\n", c.AppPort)
+	}
+	if c.EgressPort != 0 {
+		text += fmt.Sprintf("egress_port = %d\n", c.EgressPort)
+	}
+	if _, err := conf.Parse(strings.NewReader(text), "settings", os.TempDir()); err != nil {
+		return err
+	}
+	return nil
+}
+
+// launch writes the sandbox's nether.conf and starts its nether, then
+// waits until the guest's agent answers.
+func (n *Nexus) launch(ctx context.Context, sb *Sandbox, restoreFrom string) error {
+	dir := n.sandboxDir(sb.ID)
+	if err := os.WriteFile(filepath.Join(dir, conf.FileName), []byte(n.confText(sb, restoreFrom)), 0o600); err != nil {
+		return err
+	}
+	pid, start, err := n.spawn(dir)
+	if err != nil {
+		return err
+	}
+	sb.PID, sb.PIDStart = pid, start
+	// The pid goes into the record at once: a nexus that dies from here
+	// on leaves a nether its successor knows.
+	if err := n.db.Update(func(tx *store.Tx) error {
+		cur, err := tx.Sandbox(sb.ID)
+		if err != nil {
+			return err
+		}
+		cur.PID, cur.PIDStart = pid, start
+		return tx.PutSandbox(cur)
+	}); err != nil {
+		terminate(pid, start, 10*time.Second)
+		return err
+	}
+	return n.waitReady(ctx, sb)
+}
+
+// waitReady waits until the sandbox's agent is connected, its nether
+// ends (an error naming its log) or the ready timeout passes.
+func (n *Nexus) waitReady(ctx context.Context, sb *Sandbox) error {
+	ctx, cancel := context.WithTimeout(ctx, n.readyTimeout)
+	defer cancel()
+	sock := filepath.Join(n.sandboxDir(sb.ID), sockName)
+	for {
+		if !alive(sb.PID, sb.PIDStart) {
+			return fmt.Errorf("sandbox %s: its nether ended while starting: %s", sb.Ref(), n.tellWhy(sb))
+		}
+		if c, err := client.Dial(ctx, sock); err == nil {
+			agent := c.Info()["agent"]
+			c.Close()
+			if agent == "connected" {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sandbox %s: its guest did not come up within %s (see %s)", sb.Ref(), n.readyTimeout, filepath.Join(n.sandboxDir(sb.ID), logFile))
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// tellWhy is the last error nether logged, or where to look.
+func (n *Nexus) tellWhy(sb *Sandbox) string {
+	path := filepath.Join(n.sandboxDir(sb.ID), logFile)
+	b, _ := os.ReadFile(path)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], "level=ERROR") || strings.HasPrefix(lines[i], "nether:") {
+			return lines[i]
+		}
+	}
+	return "see " + path
+}
+
+// Start boots a created or stopped sandbox.
+func (n *Nexus) Start(ctx context.Context, ref string) (*Sandbox, error) {
+	sb, err := n.acquire(ctx, ref, lifecycle.Start)
+	if err != nil {
+		return nil, err
+	}
+	err = n.launch(ctx, sb, "")
+	if err != nil {
+		n.abandon(sb)
+	}
+	return sb, n.finish(sb, lifecycle.Running, err)
+}
+
+// abandon stops a nether that failed to come up and says why in the
+// record, which stays in its state.
+func (n *Nexus) abandon(sb *Sandbox) {
+	terminate(sb.PID, sb.PIDStart, 10*time.Second)
+	sb.PID, sb.PIDStart = 0, 0
+}
+
+// dial connects to a running sandbox's control socket.
+func (n *Nexus) dial(ctx context.Context, sb *Sandbox) (*client.Client, error) {
+	c, err := client.Dial(ctx, filepath.Join(n.sandboxDir(sb.ID), sockName))
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s: its control socket: %w", sb.Ref(), err)
+	}
+	return c, nil
+}
+
+// control runs one control command that answers framed OK/ERR.
+func (n *Nexus) control(ctx context.Context, sb *Sandbox, line string) (string, error) {
+	c, err := n.dial(ctx, sb)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	var out strings.Builder
+	exit, err := c.Run(ctx, line, &out)
+	if err != nil {
+		return "", fmt.Errorf("sandbox %s: %s: %w", sb.Ref(), strings.Fields(line)[0], err)
+	}
+	if exit != 0 {
+		return "", fmt.Errorf("sandbox %s: %s: %s", sb.Ref(), strings.Fields(line)[0], strings.TrimSpace(out.String()))
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// waitExit waits for the sandbox's nether to end.
+func (n *Nexus) waitExit(ctx context.Context, sb *Sandbox, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for alive(sb.PID, sb.PIDStart) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("sandbox %s: its nether did not end within %s", sb.Ref(), d)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Stop shuts a running sandbox's guest down cleanly.
+func (n *Nexus) Stop(ctx context.Context, ref string) (*Sandbox, error) {
+	sb, err := n.acquire(ctx, ref, lifecycle.Stop)
+	if err != nil {
+		return nil, err
+	}
+	return sb, n.finish(sb, lifecycle.Stopped, n.stop(ctx, sb))
+}
+
+func (n *Nexus) stop(ctx context.Context, sb *Sandbox) error {
+	if _, err := n.control(ctx, sb, "__shutdown__"); err != nil && alive(sb.PID, sb.PIDStart) {
+		// A wedged control socket: SIGTERM settles it all the same.
+		n.log.Warn("__shutdown__ failed; sending SIGTERM", "sandbox", sb.Ref(), "err", err)
+		terminate(sb.PID, sb.PIDStart, 30*time.Second)
+	}
+	if err := n.waitExit(ctx, sb, time.Minute); err != nil {
+		terminate(sb.PID, sb.PIDStart, 10*time.Second)
+	}
+	sb.Final = lastFinal(n.sandboxDir(sb.ID))
+	sb.PID, sb.PIDStart = 0, 0
+	return nil
+}
+
+// Pause parks a running sandbox: its memory goes to a park artifact and
+// its processes end, so a paused sandbox costs nothing but disk.
+func (n *Nexus) Pause(ctx context.Context, ref string) (*Sandbox, error) {
+	sb, err := n.acquire(ctx, ref, lifecycle.Pause)
+	if err != nil {
+		return nil, err
+	}
+	park := filepath.Join(n.sandboxDir(sb.ID), parkName)
+	os.RemoveAll(park) // a consumed park's leftovers
+	_, err = n.control(ctx, sb, "__park__ "+parkName)
+	if err == nil {
+		err = n.waitExit(ctx, sb, time.Minute)
+	}
+	if err != nil {
+		return sb, n.finish(sb, "", err)
+	}
+	sb.Park, sb.Final, sb.PID, sb.PIDStart = park, lastFinal(n.sandboxDir(sb.ID)), 0, 0
+	return sb, n.finish(sb, lifecycle.Paused, nil)
+}
+
+// Resume wakes a paused sandbox from its park.
+func (n *Nexus) Resume(ctx context.Context, ref string) (*Sandbox, error) {
+	sb, err := n.acquire(ctx, ref, lifecycle.Resume)
+	if err != nil {
+		return nil, err
+	}
+	if !exists(sb.Park) {
+		sb.State, sb.Reason = lifecycle.Error, "its park "+sb.Park+" is gone"
+		n.release(sb)
+		return sb, fmt.Errorf("sandbox %s: its park %s is gone; it is now in error", sb.Ref(), sb.Park)
+	}
+	err = n.launch(ctx, sb, sb.Park)
+	if err != nil {
+		n.abandon(sb)
+		if !exists(sb.Park) {
+			// The wake consumed the park: there is no going back.
+			sb.State, sb.Reason = lifecycle.Error, err.Error()
+			n.release(sb)
+			return sb, err
+		}
+		return sb, n.finish(sb, "", err)
+	}
+	sb.Park = ""
+	return sb, n.finish(sb, lifecycle.Running, nil)
+}
+
+// Remove deletes a sandbox: its record, its directory, its references.
+// A running one needs force, which stops it first.
+func (n *Nexus) Remove(ctx context.Context, ref string, force bool) error {
+	verb := lifecycle.Remove
+	if force {
+		verb = lifecycle.RemoveF
+	}
+	sb, err := n.acquire(ctx, ref, verb)
+	if err != nil {
+		return err
+	}
+	if alive(sb.PID, sb.PIDStart) {
+		terminate(sb.PID, sb.PIDStart, 30*time.Second)
+	}
+	err = n.db.Update(func(tx *store.Tx) error {
+		if err := n.dropRefs(tx, sb.ID); err != nil {
+			return err
+		}
+		return tx.DeleteSandbox(sb)
+	})
+	if err != nil {
+		n.release(sb)
+		return err
+	}
+	return os.RemoveAll(n.sandboxDir(sb.ID))
+}
+
+// dropRefs removes a sandbox from every snapshot's references.
+func (n *Nexus) dropRefs(tx *store.Tx, id string) error {
+	snaps, err := tx.Snapshots()
+	if err != nil {
+		return err
+	}
+	for _, s := range snaps {
+		keep := s.Refs[:0]
+		for _, r := range s.Refs {
+			if r != id {
+				keep = append(keep, r)
+			}
+		}
+		if len(keep) != len(s.Refs) {
+			s.Refs = keep
+			if err := tx.PutSnapshot(s); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// List returns every sandbox that exists (one being born is not shown
+// until it is), oldest first.
+func (n *Nexus) List(ctx context.Context) ([]*Sandbox, error) {
+	var out []*Sandbox
+	err := n.db.View(func(tx *store.Tx) error {
+		sbs, err := tx.Sandboxes()
+		for _, sb := range sbs {
+			if sb.Lease != nil && sb.Lease.Op == opBirth {
+				continue
+			}
+			out = append(out, sb)
+		}
+		return err
+	})
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, err
+}
+
+// Inspect returns one sandbox.
+func (n *Nexus) Inspect(ctx context.Context, ref string) (*Sandbox, error) {
+	var sb *Sandbox
+	err := n.db.View(func(tx *store.Tx) error {
+		var err error
+		sb, err = tx.FindSandbox(ref)
+		return err
+	})
+	return sb, err
+}
+
+// running resolves ref to a running sandbox, for exec, cp and the like.
+func (n *Nexus) running(ctx context.Context, ref, what string) (*Sandbox, error) {
+	sb, err := n.Inspect(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	if sb.State != lifecycle.Running {
+		return nil, &lifecycle.IllegalTransitionError{Sandbox: sb.Ref(), State: sb.State, Verb: lifecycle.Verb(what)}
+	}
+	return sb, nil
+}
+
+// Exec runs a shell command in a running sandbox, streaming its output
+// to out, and returns its exit code.
+func (n *Nexus) Exec(ctx context.Context, ref, command string, out io.Writer) (int, error) {
+	sb, err := n.running(ctx, ref, "exec")
+	if err != nil {
+		return -1, err
+	}
+	c, err := n.dial(ctx, sb)
+	if err != nil {
+		return -1, err
+	}
+	defer c.Close()
+	return c.Run(ctx, command, out)
+}
+
+// CopyIn copies the host file src into a running sandbox at guestPath.
+func (n *Nexus) CopyIn(ctx context.Context, ref, src, guestPath string) error {
+	sb, err := n.running(ctx, ref, "cp")
+	if err != nil {
+		return err
+	}
+	// nether's transfers resolve host paths inside its launch directory:
+	// the file passes through a private name there.
+	tmp := ".cp-" + newID()
+	dst := filepath.Join(n.sandboxDir(sb.ID), tmp)
+	if err := copyFile(src, dst); err != nil {
+		return err
+	}
+	defer os.Remove(dst)
+	_, err = n.control(ctx, sb, "__put__ "+tmp+" "+guestPath)
+	return err
+}
+
+// CopyOut copies guestPath out of a running sandbox into the host file dst.
+func (n *Nexus) CopyOut(ctx context.Context, ref, guestPath, dst string) error {
+	sb, err := n.running(ctx, ref, "cp")
+	if err != nil {
+		return err
+	}
+	tmp := ".cp-" + newID()
+	src := filepath.Join(n.sandboxDir(sb.ID), tmp)
+	defer os.Remove(src)
+	if _, err := n.control(ctx, sb, "__get__ "+guestPath+" "+tmp); err != nil {
+		return err
+	}
+	if err := os.Rename(src, dst); err != nil {
+		return copyFile(src, dst)
+	}
+	return nil
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		os.Remove(dst)
+		return err
+	}
+	return out.Close()
+}
+
+// Logs is the path of a sandbox's console log.
+func (n *Nexus) Logs(ctx context.Context, ref string) (string, error) {
+	sb, err := n.Inspect(ctx, ref)
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(n.sandboxDir(sb.ID), "console.log")
+	if !exists(p) {
+		return "", fmt.Errorf("sandbox %s has no console log yet (it never ran)", sb.Ref())
+	}
+	return p, nil
+}
+
+// IsIllegal says whether err is an illegal transition.
+func IsIllegal(err error) bool {
+	var ite *lifecycle.IllegalTransitionError
+	return errors.As(err, &ite)
+}
