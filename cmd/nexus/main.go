@@ -125,7 +125,7 @@ it; 4 no such sandbox or snapshot; 5 another operation holds the sandbox;
 		a.verbCmd("pause", "Park a running sandbox: its memory goes to disk and it costs no memory", (*nexus.Nexus).Pause),
 		a.verbCmd("resume", "Wake a paused sandbox", (*nexus.Nexus).Resume),
 		a.rmCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.cpCmd(), a.logsCmd(),
-		a.snapshotCmd(), a.forkCmd(), a.poolCmd(), a.treeCmd())
+		a.snapshotCmd(), a.forkCmd(), a.poolCmd(), a.treeCmd(), a.serveCmd())
 	return root
 }
 
