@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -29,7 +30,7 @@ func pair(t *testing.T) (host, guest *Mux, hc, gc net.Conn) {
 	return
 }
 
-func accept(t *testing.T, m *Mux) *Stream {
+func accept(t testing.TB, m *Mux) *Stream {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -379,5 +380,283 @@ func TestHostTransportEndFailsStreams(t *testing.T) {
 	}
 	if _, err := host.Open([]byte("y")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Open after the transport ended: %v", err)
+	}
+}
+
+// chunkReader hands out its bytes in reads of the sizes given, in turn:
+// the transport's read boundaries must not matter to the decoder.
+type chunkReader struct {
+	b     []byte
+	sizes []int
+	i     int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), len(r.b), r.sizes[r.i%len(r.sizes)])
+	r.i++
+	copy(p, r.b[:n])
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// TestDecoderReadsFullFramesInAnyPieces feeds frames of every size up to
+// MaxPayload, with garbage between some, through readFrom in reads of
+// the sizes a virtio-serial port (a page) and a socket (whatever is
+// there) return; every frame must come out whole and in order, and the
+// decoder's buffer must stay its usual size.
+func TestDecoderReadsFullFramesInAnyPieces(t *testing.T) {
+	var in []byte
+	var want [][]byte
+	seq := uint64(0)
+	for _, n := range []int{0, 1, 35, 36, 4096, maxData, MaxPayload - 1, MaxPayload, 1000, MaxPayload, MaxPayload} {
+		p := make([]byte, n)
+		rand.Read(p)
+		seq++
+		in = appendFrame(in, &frame{typ: typeData, stream: 1, seq: seq, payload: p})
+		want = append(want, p)
+		if n == 1000 {
+			in = append(in, "garbage\xa7"...)
+		}
+	}
+	for _, sizes := range [][]int{{4096}, {1}, {65536}, {36, 7, 40000, 4096, 1 << 20}} {
+		t.Run(fmt.Sprint(sizes), func(t *testing.T) {
+			var d Decoder
+			r := &chunkReader{b: in, sizes: sizes}
+			var got [][]byte
+			for {
+				_, err := d.readFrom(r)
+				for {
+					f, ferr := d.next()
+					if ferr != nil {
+						break
+					}
+					got = append(got, f.payload)
+				}
+				if cap(d.buf) > decoderBuf {
+					t.Fatalf("decoder buffer grew to %d bytes", cap(d.buf))
+				}
+				if err == io.EOF {
+					break
+				}
+			}
+			if len(got) != len(want) {
+				t.Fatalf("decoded %d frames, want %d", len(got), len(want))
+			}
+			for i := range want {
+				if !bytes.Equal(got[i], want[i]) {
+					t.Fatalf("frame %d: payload of %d bytes differs (want %d bytes)", i, len(got[i]), len(want[i]))
+				}
+			}
+			if d.Skipped != uint64(len("garbage\xa7")) {
+				t.Fatalf("skipped %d bytes, want %d", d.Skipped, len("garbage\xa7"))
+			}
+		})
+	}
+}
+
+// TestDecoderPayloadsOwnTheirBytes: a payload handed out must not change
+// when the decoder goes on reading into its buffer (payloads are copied
+// out, so the buffer can be reused in place).
+func TestDecoderPayloadsOwnTheirBytes(t *testing.T) {
+	var d Decoder
+	var first *frame
+	for seq := uint64(1); seq <= 40; seq++ {
+		p := bytes.Repeat([]byte{byte(seq)}, MaxPayload)
+		d.Feed(appendFrame(nil, &frame{typ: typeData, stream: 1, seq: seq, payload: p}))
+		f, err := d.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first == nil {
+			first = f
+		}
+	}
+	if !bytes.Equal(first.payload, bytes.Repeat([]byte{1}, MaxPayload)) {
+		t.Fatal("the first payload changed while the decoder read on")
+	}
+}
+
+// TestReadSpansFramesAndRecyclesBuffers sends many full frames and
+// reads them back with reads both smaller and larger than a frame: the
+// bytes must arrive intact (recycled payload buffers are never handed out
+// while a stream still holds them) and the pool must stay bounded.
+func TestReadSpansFramesAndRecyclesBuffers(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	data := make([]byte, 5*Window+12345)
+	rand.Read(data)
+	s, err := host.Open(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		s.Write(data)
+		s.CloseWrite(nil)
+	}()
+	g := accept(t, guest)
+	var got []byte
+	sizes := []int{100, 3 * MaxPayload, 1, MaxPayload, 2 * Window}
+	for i := 0; ; i++ {
+		buf := make([]byte, sizes[i%len(sizes)])
+		n, err := g.Read(buf)
+		got = append(got, buf[:n]...)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatalf("got %d bytes, want %d, or they differ", len(got), len(data))
+	}
+	guest.payloads.mu.Lock()
+	idle := len(guest.payloads.free)
+	guest.payloads.mu.Unlock()
+	if idle == 0 || idle > poolMax {
+		t.Fatalf("%d idle payload buffers, want 1..%d", idle, poolMax)
+	}
+}
+
+// TestWriteFromGivesBackUnusedCredit: credit WriteFrom takes for a read
+// that fills less of the frame (or nothing) comes back; the peer sees
+// exactly the bytes read.
+func TestWriteFromGivesBackUnusedCredit(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	s, err := host.Open(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := accept(t, guest)
+	credit := func() int {
+		host.mu.Lock()
+		defer host.mu.Unlock()
+		return s.credit
+	}
+	n, err := s.WriteFrom(context.Background(), func(p []byte) (int, error) {
+		if len(p) != maxData {
+			t.Errorf("read offered %d bytes, want a full frame's %d", len(p), maxData)
+		}
+		return copy(p, "hello"), nil
+	})
+	if n != 5 || err != nil || credit() != Window-5 {
+		t.Fatalf("WriteFrom sent %d (err %v), credit %d; want 5, nil, %d", n, err, credit(), Window-5)
+	}
+	boom := errors.New("boom")
+	n, err = s.WriteFrom(context.Background(), func(p []byte) (int, error) { return 0, boom })
+	if n != 0 || err != boom || credit() != Window-5 {
+		t.Fatalf("WriteFrom of nothing: %d, %v, credit %d; want 0, boom, %d", n, err, credit(), Window-5)
+	}
+	n, err = s.WriteFrom(context.Background(), func(p []byte) (int, error) { return copy(p, " world"), io.EOF })
+	if n != 6 || err != io.EOF {
+		t.Fatalf("WriteFrom with EOF: %d, %v; want 6, EOF", n, err)
+	}
+	s.CloseWrite(nil)
+	got, err := io.ReadAll(g)
+	if err != nil || string(got) != "hello world" {
+		t.Fatalf("peer read %q, %v", got, err)
+	}
+}
+
+// TestStateCountsCreditAWriterHolds: a state captured while a WriteFrom
+// is reading has the credit it took as unspent, since a Mux restored from
+// the state never sends that frame.
+func TestStateCountsCreditAWriterHolds(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	s, err := host.Open(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept(t, guest)
+	var during *State
+	s.WriteFrom(context.Background(), func(p []byte) (int, error) {
+		during = host.State()
+		return copy(p, "x"), nil
+	})
+	if c := during.Streams[0].Credit; c != Window {
+		t.Fatalf("state taken during a write has credit %d, want %d", c, Window)
+	}
+	if c := host.State().Streams[0].Credit; c != Window-1 {
+		t.Fatalf("state after the write has credit %d, want %d", c, Window-1)
+	}
+}
+
+// TestAcksAreBatchedAndPrompt: a burst of frames is acknowledged by a
+// few frames, not one each, and the last of them within ackDelay (and a
+// margin) of the burst's end, so the peer's resend queue empties.
+func TestAcksAreBatchedAndPrompt(t *testing.T) {
+	host := New(Host, quietLog())
+	defer host.Close()
+	hc, peer := net.Pipe()
+	defer peer.Close()
+	host.Attach(hc, false)
+	acks := make(chan uint64, 1000)
+	go func() {
+		var d Decoder
+		for {
+			if _, err := d.readFrom(peer); err != nil {
+				return
+			}
+			for {
+				f, err := d.next()
+				if err != nil {
+					break
+				}
+				if f.typ == typeAck {
+					acks <- f.ack
+				}
+			}
+		}
+	}()
+	const burst = 10 * ackFrames
+	var buf []byte
+	buf = appendFrame(buf, &frame{typ: typeOpen, stream: 2, seq: 1})
+	for seq := uint64(2); seq <= burst; seq++ {
+		buf = appendFrame(buf, &frame{typ: typeData, stream: 2, seq: seq, payload: []byte("x")})
+	}
+	if _, err := peer.Write(buf); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case a := <-acks:
+			n++
+			if a == burst {
+				if n > burst/ackFrames+1 {
+					t.Fatalf("%d ack frames for %d frames; want at most %d", n, burst, burst/ackFrames+1)
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the burst's last frame was never acknowledged (%d ack frames)", n)
+		}
+	}
+}
+
+// TestIdleAckComesAfterADelay: a lone frame, with no traffic back to
+// carry the ack, is acknowledged on its own by the ack timer, so the
+// sender's resend queue empties (and a snapshot gate sees it settle).
+func TestIdleAckComesAfterADelay(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	if _, err := host.Open([]byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	accept(t, guest)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		host.mu.Lock()
+		n := len(host.unacked)
+		host.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the open frame was never acknowledged")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

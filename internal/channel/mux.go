@@ -40,11 +40,18 @@ type Mux struct {
 	nextSeq uint64 // seq of the next sequenced frame we send
 	recvSeq uint64 // highest peer seq received in order
 	ackSent uint64 // highest recvSeq we have put on the wire
-	unacked []pending
-	outq    [][]byte
-	nextID  uint32
-	streams map[uint32]*Stream
-	acceptq []*Stream
+	// A frame of our own carries the ack for free; a frame only to
+	// acknowledge goes after ackFrames frames, or ackDelay after the
+	// first unacknowledged one (ackTimer), or at once when ackNow says
+	// (a peer resending what we have must learn that we do).
+	ackTimer *time.Timer
+	ackArmed bool
+	ackNow   bool
+	unacked  []pending
+	outq     [][]byte
+	nextID   uint32
+	streams  map[uint32]*Stream
+	acceptq  []*Stream
 
 	transport io.Writer // nil while there is no usable transport
 	gen       int       // bumped on each Attach; stale readers and writers stop
@@ -53,6 +60,8 @@ type Mux struct {
 	closed    bool
 	halted    bool  // closed by Halt: even buffered bytes are no longer delivered
 	closeErr  error // why the Mux closed, when it was not Close
+
+	payloads payloadPool
 
 	// counters for meters and logs
 	bytesIn, bytesOut uint64
@@ -74,6 +83,8 @@ func New(role Role, log *slog.Logger) *Mux {
 		m.nextID = 2
 	}
 	m.cond = sync.NewCond(&m.mu)
+	m.ackTimer = time.AfterFunc(time.Hour, m.ackTimerFired)
+	m.ackTimer.Stop()
 	go m.writeLoop()
 	return m
 }
@@ -108,24 +119,30 @@ func (m *Mux) resendLocked() [][]byte {
 }
 
 func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
-	var d Decoder
-	buf := make([]byte, 64<<10)
+	d := Decoder{alloc: m.payloads.get}
+	var frames []*frame
 	for {
-		n, err := r.Read(buf)
+		n, err := d.readFrom(r)
 		if n > 0 {
-			d.Feed(buf[:n])
-			m.mu.Lock()
-			if m.gen != gen || m.closed {
-				m.mu.Unlock()
-				return
-			}
+			// Checksums are verified outside the lock: writers and
+			// readers of streams go on meanwhile.
+			frames = frames[:0]
 			for {
 				f, ferr := d.next()
 				if ferr != nil {
 					break
 				}
+				frames = append(frames, f)
+			}
+			m.mu.Lock()
+			if m.gen != gen || m.closed {
+				m.mu.Unlock()
+				return
+			}
+			for _, f := range frames {
 				m.handleLocked(f)
 			}
+			clear(frames) // drop the references until the next read
 			if d.Skipped != 0 {
 				m.skipped += d.Skipped
 				m.warnLocked("channel: skipped bytes that were not valid frames", "bytes_total", m.skipped)
@@ -188,11 +205,18 @@ func (m *Mux) handleLocked(f *frame) {
 		m.outq = m.resendLocked()
 		return
 	case f.seq <= m.recvSeq:
-		return // a resent frame we already have; our ack covers it
+		// A resent frame we already have: our ack covers it, and the
+		// peer learns so now rather than after ackDelay.
+		m.ackNow = true
+		return
 	case f.seq != m.recvSeq+1:
 		return // a gap: frames before it were lost with an old transport and will be resent
 	}
 	m.recvSeq = f.seq
+	if !m.ackArmed {
+		m.ackArmed = true
+		m.ackTimer.Reset(ackDelay)
+	}
 	m.bytesIn += uint64(len(f.payload))
 	s := m.streams[f.stream]
 	switch f.typ {
@@ -217,12 +241,15 @@ func (m *Mux) handleLocked(f *frame) {
 		if s == nil || s.reset || s.remoteClosed {
 			return
 		}
-		if len(s.unread)+len(f.payload) > Window {
+		if s.unreadLen+len(f.payload) > Window {
 			m.warnLocked("channel: peer overran its credit window; resetting stream", "stream", f.stream)
 			m.resetLocked(s, "credit window exceeded")
 			return
 		}
-		s.unread = append(s.unread, f.payload...)
+		if len(f.payload) > 0 {
+			s.unread = append(s.unread, f.payload)
+			s.unreadLen += len(f.payload)
+		}
 	case typeClose:
 		if s == nil || s.reset {
 			return
@@ -249,6 +276,83 @@ func (m *Mux) handleLocked(f *frame) {
 	}
 }
 
+// payloadPool recycles the buffers of full-size payloads between the read
+// loop, which fills them, and Stream.Read, which empties them: at the
+// channel's full rate every payload would otherwise be a fresh allocation
+// for the garbage collector, which in a TCG guest costs more than the copy.
+type payloadPool struct {
+	mu   sync.Mutex
+	free [][]byte
+}
+
+const (
+	// pooledMin is the smallest payload whose buffer is pooled; smaller
+	// ones are allocated to size.
+	pooledMin = 4 << 10
+	// poolMax bounds the idle buffers the pool keeps: what one stream's
+	// window can hold.
+	poolMax = Window / MaxPayload
+)
+
+func (p *payloadPool) get(n int) []byte {
+	if n < pooledMin {
+		return make([]byte, n)
+	}
+	p.mu.Lock()
+	if k := len(p.free); k > 0 {
+		b := p.free[k-1]
+		p.free[k-1] = nil
+		p.free = p.free[:k-1]
+		p.mu.Unlock()
+		return b[:n]
+	}
+	p.mu.Unlock()
+	return make([]byte, n, MaxPayload)
+}
+
+// put takes back a buffer get returned, once nothing refers to it.
+func (p *payloadPool) put(b []byte) {
+	if cap(b) != MaxPayload {
+		return
+	}
+	p.mu.Lock()
+	if len(p.free) < poolMax {
+		p.free = append(p.free, b[:0])
+	}
+	p.mu.Unlock()
+}
+
+// Standalone acknowledgements are batched: in a TCG guest every frame
+// written costs a write(2) and a notification of the device, and every
+// frame read an interrupt, so an ack per data frame was a tenth of the
+// frames on the wire and more of the guest's time. The peer never waits
+// for an ack to send (credit comes back in window frames, which carry
+// the ack too); acks only let it drop frames from its resend queue, and
+// let a snapshot gate see the channel settled, which ackDelay keeps
+// prompt.
+const (
+	ackFrames = 32
+	ackDelay  = 2 * time.Millisecond
+)
+
+// ackDueLocked says whether a frame only to acknowledge should go now.
+func (m *Mux) ackDueLocked() bool {
+	return m.ackNow || m.recvSeq-m.ackSent >= ackFrames
+}
+
+// ackTimerFired makes the pending acknowledgement due.
+func (m *Mux) ackTimerFired() {
+	m.mu.Lock()
+	if m.ackArmed {
+		m.ackArmed = false
+		if m.recvSeq != m.ackSent {
+			m.ackNow = true
+			m.cond.Broadcast()
+		}
+	}
+	m.mu.Unlock()
+}
+
 // maxUnacked bounds the resend queue against a peer that opens streams
 // without acknowledging anything. Credit windows already bound data.
 const maxUnacked = 4096
@@ -264,19 +368,28 @@ func (m *Mux) warnLocked(msg string, args ...any) {
 
 // sendLocked queues a sequenced frame.
 func (m *Mux) sendLocked(typ byte, stream uint32, payload []byte) {
-	f := &frame{typ: typ, stream: stream, seq: m.nextSeq, ack: m.recvSeq, payload: payload}
+	enc := make([]byte, headerLen+len(payload))
+	copy(enc[headerLen:], payload)
+	sealPayload(enc)
+	m.sendSealedLocked(typ, stream, enc)
+}
+
+// sendSealedLocked numbers and queues a sequenced frame whose payload is
+// already in place and sealed (see sealPayload).
+func (m *Mux) sendSealedLocked(typ byte, stream uint32, enc []byte) {
+	seq := m.nextSeq
 	m.nextSeq++
-	enc := appendFrame(make([]byte, 0, headerLen+len(payload)), f)
-	m.unacked = append(m.unacked, pending{seq: f.seq, enc: enc})
+	putHeader(enc, typ, stream, seq, m.recvSeq)
+	m.unacked = append(m.unacked, pending{seq: seq, enc: enc})
 	m.outq = append(m.outq, enc)
-	m.bytesOut += uint64(len(payload))
+	m.bytesOut += uint64(len(enc) - headerLen)
 	m.cond.Broadcast()
 }
 
 func (m *Mux) writeLoop() {
 	for {
 		m.mu.Lock()
-		for !m.closed && (m.transport == nil || m.down || m.frozen || (len(m.outq) == 0 && m.recvSeq == m.ackSent)) {
+		for !m.closed && (m.transport == nil || m.down || m.frozen || (len(m.outq) == 0 && !m.ackDueLocked())) {
 			m.cond.Wait()
 		}
 		if m.closed {
@@ -294,7 +407,11 @@ func (m *Mux) writeLoop() {
 		for _, enc := range batch {
 			setAck(enc, m.recvSeq)
 		}
-		m.ackSent = m.recvSeq
+		m.ackSent, m.ackNow = m.recvSeq, false
+		if m.ackArmed {
+			m.ackArmed = false
+			m.ackTimer.Stop()
+		}
 		w, gen := m.transport, m.gen
 		m.mu.Unlock()
 
@@ -342,6 +459,7 @@ func (m *Mux) closedErrLocked() error {
 func (m *Mux) Close() error {
 	m.mu.Lock()
 	m.closed = true
+	m.ackTimer.Stop()
 	m.cond.Broadcast()
 	m.mu.Unlock()
 	return nil
@@ -423,7 +541,7 @@ func (m *Mux) resetLocked(s *Stream, reason string) {
 // reapLocked forgets a stream once both directions are finished and the
 // reader has everything.
 func (m *Mux) reapLocked(s *Stream) {
-	if s.localClosed && s.remoteClosed && len(s.unread) == 0 {
+	if s.localClosed && s.remoteClosed && s.unreadLen == 0 {
 		delete(m.streams, s.id)
 	}
 }

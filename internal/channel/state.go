@@ -7,9 +7,13 @@ import (
 	"sort"
 )
 
-// StateVersion is bumped whenever State changes shape; a snapshot carrying
-// another version is refused rather than guessed at.
-const StateVersion = 1
+// StateVersion is bumped whenever State changes shape or meaning; a
+// snapshot carrying another version is refused rather than guessed at.
+//
+// Version 2: the frames in Unacked carry an XXH64 payload checksum
+// instead of CRC-32C (see payloadSum), so a version 1 state's frames
+// would not decode.
+const StateVersion = 2
 
 // State is the complete, serialisable state of one half of the channel.
 // A snapshot stores the host half; a restored nether rebuilds its Mux from
@@ -55,7 +59,9 @@ func (m *Mux) State() *State {
 	}
 	for _, s := range m.streams {
 		st.Streams = append(st.Streams, StreamState{
-			ID: s.id, Meta: s.meta, Credit: s.credit, Unread: append([]byte(nil), s.unread...),
+			// Credit a writer has taken but not yet spent is credit: a
+			// restored Mux never sends the frame it was for.
+			ID: s.id, Meta: s.meta, Credit: s.credit + s.reserved, Unread: s.unreadBytes(),
 			Consumed: s.consumed, LocalClosed: s.localClosed, RemoteClosed: s.remoteClosed,
 			Status: s.status, Accepted: s.accepted,
 		})
@@ -113,7 +119,7 @@ func (st *State) validate() error {
 		var d Decoder
 		d.Feed(p.Encoded)
 		f, err := d.next()
-		if err != nil || d.Skipped != 0 || len(d.buf) != 0 || f.seq != p.Seq {
+		if err != nil || d.Skipped != 0 || d.unparsed() != 0 || f.seq != p.Seq {
 			return fmt.Errorf("unacked frame seq %d is not one valid frame", p.Seq)
 		}
 	}
@@ -146,7 +152,10 @@ func Restore(st *State, log *slog.Logger) (*Mux, error) {
 	for _, ss := range st.Streams {
 		s := m.newStreamLocked(ss.ID, ss.Meta)
 		s.credit, s.consumed = ss.Credit, ss.Consumed
-		s.unread = append([]byte(nil), ss.Unread...)
+		if len(ss.Unread) > 0 {
+			s.unread = [][]byte{append([]byte(nil), ss.Unread...)}
+			s.unreadLen = len(ss.Unread)
+		}
 		s.localClosed, s.remoteClosed, s.status, s.accepted = ss.LocalClosed, ss.RemoteClosed, ss.Status, ss.Accepted
 		if !s.accepted {
 			m.acceptq = append(m.acceptq, s)

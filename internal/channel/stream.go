@@ -17,9 +17,12 @@ type Stream struct {
 	meta []byte
 
 	// guarded by m.mu
-	credit       int    // bytes we may still send
-	unread       []byte // received, not yet read
-	consumed     int    // read since our last window grant
+	credit       int      // bytes we may still send
+	reserved     int      // credit a WriteFrom took and has not yet spent
+	unread       [][]byte // received payloads, not yet read; the first from unreadOff on
+	unreadOff    int
+	unreadLen    int // bytes in unread
+	consumed     int // read since our last window grant
 	localClosed  bool
 	remoteClosed bool
 	reset        bool
@@ -55,18 +58,14 @@ func (s *Stream) ReadContext(ctx context.Context, p []byte) (int, error) {
 	// While frozen nothing is delivered: a capture in progress must not
 	// hand a reader bytes the captured state still holds.
 	for (m.frozen && !m.closed && ctx.Err() == nil) ||
-		(len(s.unread) == 0 && !s.remoteClosed && !s.reset && !m.closed && ctx.Err() == nil) {
+		(s.unreadLen == 0 && !s.remoteClosed && !s.reset && !m.closed && ctx.Err() == nil) {
 		m.cond.Wait()
 	}
 	if m.halted {
 		return 0, ErrClosed
 	}
-	if len(s.unread) > 0 && len(p) > 0 {
-		n := copy(p, s.unread)
-		s.unread = s.unread[n:]
-		if len(s.unread) == 0 {
-			s.unread = nil
-		}
+	if s.unreadLen > 0 && len(p) > 0 {
+		n := s.takeLocked(p)
 		s.consumed += n
 		// Grant credit back in half-window steps: often enough that the
 		// sender never idles on a reader that keeps up, rarely enough that
@@ -83,7 +82,7 @@ func (s *Stream) ReadContext(ctx context.Context, p []byte) (int, error) {
 	switch {
 	case s.reset:
 		return 0, fmt.Errorf("%w: %s", ErrReset, s.resetReason)
-	case len(s.unread) == 0 && s.remoteClosed:
+	case s.unreadLen == 0 && s.remoteClosed:
 		m.reapLocked(s)
 		return 0, io.EOF
 	case m.closed:
@@ -94,6 +93,44 @@ func (s *Stream) ReadContext(ctx context.Context, p []byte) (int, error) {
 	return 0, nil
 }
 
+// takeLocked copies unread bytes into p, as many as fit, and gives the
+// buffers it empties back to the pool.
+func (s *Stream) takeLocked(p []byte) int {
+	n := 0
+	for n < len(p) && len(s.unread) > 0 {
+		head := s.unread[0]
+		k := copy(p[n:], head[s.unreadOff:])
+		n += k
+		s.unreadOff += k
+		if s.unreadOff == len(head) {
+			s.m.payloads.put(head)
+			s.unread[0] = nil
+			s.unread = s.unread[1:]
+			s.unreadOff = 0
+		}
+	}
+	if len(s.unread) == 0 {
+		s.unread = nil
+	}
+	s.unreadLen -= n
+	return n
+}
+
+// unreadBytes is a copy of the unread bytes, in one slice.
+func (s *Stream) unreadBytes() []byte {
+	if s.unreadLen == 0 {
+		return nil
+	}
+	b := make([]byte, 0, s.unreadLen)
+	for i, p := range s.unread {
+		if i == 0 {
+			p = p[s.unreadOff:]
+		}
+		b = append(b, p...)
+	}
+	return b
+}
+
 // Write sends p, waiting for credit from the peer as needed.
 func (s *Stream) Write(p []byte) (int, error) {
 	return s.WriteContext(context.Background(), p)
@@ -102,6 +139,39 @@ func (s *Stream) Write(p []byte) (int, error) {
 // WriteContext is Write that gives up when ctx ends (for example when the
 // peer stopped reading and the caller has a deadline).
 func (s *Stream) WriteContext(ctx context.Context, p []byte) (int, error) {
+	written := 0
+	for written < len(p) {
+		// Frames of MaxPayload here, not maxData: a caller writing 32 KiB
+		// at a time would otherwise send each write as two frames.
+		n, err := s.writeFrame(ctx, MaxPayload, func(b []byte) (int, error) {
+			return copy(b, p[written:]), nil
+		})
+		written += n
+		if err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// maxData is the most payload a data frame carries: MaxPayload bytes in
+// all, header included, because a virtio-serial port takes at most 32 KiB
+// per write(2) in the guest, and a frame one header longer costs a second
+// write (a second buffer and notification for the device) of 36 bytes.
+const maxData = MaxPayload - headerLen
+
+// WriteFrom sends one data frame whose payload read writes in place, so
+// a caller reading from a file moves each byte into the frame once, with
+// no copy in between. It waits (until ctx ends) for credit from the peer,
+// calls read once with a buffer as large as the credit and a frame allow,
+// and sends the bytes read put there, if any. It returns how many it sent
+// and read's error as read returned it, or the stream's own error.
+func (s *Stream) WriteFrom(ctx context.Context, read func(p []byte) (int, error)) (int, error) {
+	return s.writeFrame(ctx, maxData, read)
+}
+
+// writeFrame is WriteFrom with frames of at most limit payload bytes.
+func (s *Stream) writeFrame(ctx context.Context, limit int, read func(p []byte) (int, error)) (int, error) {
 	m := s.m
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, func() {
@@ -112,29 +182,59 @@ func (s *Stream) WriteContext(ctx context.Context, p []byte) (int, error) {
 		defer stop()
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	written := 0
-	for written < len(p) {
-		for s.credit == 0 && !s.reset && !s.localClosed && !m.closed && ctx.Err() == nil {
-			m.cond.Wait()
-		}
-		switch {
-		case s.reset:
-			return written, fmt.Errorf("%w: %s", ErrReset, s.resetReason)
-		case s.localClosed:
-			return written, errors.New("write on a stream already closed for writing")
-		case m.closed:
-			return written, m.closedErrLocked()
-		case ctx.Err() != nil:
-			return written, ctx.Err()
-		}
-		n := min(len(p)-written, s.credit, MaxPayload)
-		chunk := append([]byte(nil), p[written:written+n]...)
-		m.sendLocked(typeData, s.id, chunk)
-		s.credit -= n
-		written += n
+	for s.credit == 0 && !s.reset && !s.localClosed && !m.closed && ctx.Err() == nil {
+		m.cond.Wait()
 	}
-	return written, nil
+	if err := s.writableLocked(); err != nil {
+		m.mu.Unlock()
+		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		m.mu.Unlock()
+		return 0, err
+	}
+	// The credit is taken now, and what read leaves unused given back:
+	// a concurrent writer must not spend it meanwhile. State counts it
+	// as unspent while read runs (see reserved).
+	n := min(s.credit, limit)
+	s.credit -= n
+	s.reserved += n
+	m.mu.Unlock()
+
+	enc := make([]byte, headerLen+n)
+	k, rerr := read(enc[headerLen:])
+	k = max(0, min(k, n))
+	enc = enc[:headerLen+k]
+	if k > 0 {
+		sealPayload(enc)
+	}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s.reserved -= n
+	s.credit += n - k
+	if k > 0 {
+		if err := s.writableLocked(); err != nil {
+			return 0, err
+		}
+		m.sendSealedLocked(typeData, s.id, enc)
+	} else if n > 0 {
+		m.cond.Broadcast() // the credit is back for another writer
+	}
+	return k, rerr
+}
+
+// writableLocked is why the stream can take no more bytes, or nil.
+func (s *Stream) writableLocked() error {
+	switch {
+	case s.reset:
+		return fmt.Errorf("%w: %s", ErrReset, s.resetReason)
+	case s.localClosed:
+		return errors.New("write on a stream already closed for writing")
+	case s.m.closed:
+		return s.m.closedErrLocked()
+	}
+	return nil
 }
 
 // CloseWrite tells the peer no more bytes follow; status travels with it

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 )
 
 // Frame types. Sequenced frames are retransmitted until acknowledged.
@@ -69,19 +70,36 @@ func sequenced(t byte) bool { return t >= typeOpen && t <= typeWindow }
 //	8  seq u64
 //	16 ack u64
 //	24 payload length u32
-//	28 payload crc32c u32
+//	28 payload checksum u32 (payloadSum: low half of XXH64)
 //	32 header crc32c u32 over bytes 0..31
 func appendFrame(dst []byte, f *frame) []byte {
-	var h [headerLen]byte
-	h[0], h[1], h[2] = magic0, magic1, f.typ
-	binary.LittleEndian.PutUint32(h[4:], f.stream)
-	binary.LittleEndian.PutUint64(h[8:], f.seq)
-	binary.LittleEndian.PutUint64(h[16:], f.ack)
-	binary.LittleEndian.PutUint32(h[24:], uint32(len(f.payload)))
-	binary.LittleEndian.PutUint32(h[28:], crc32.Checksum(f.payload, castagnoli))
-	binary.LittleEndian.PutUint32(h[32:], crc32.Checksum(h[:32], castagnoli))
-	dst = append(dst, h[:]...)
-	return append(dst, f.payload...)
+	start := len(dst)
+	dst = append(dst, make([]byte, headerLen)...)
+	dst = append(dst, f.payload...)
+	enc := dst[start:]
+	sealPayload(enc)
+	putHeader(enc, f.typ, f.stream, f.seq, f.ack)
+	return dst
+}
+
+// sealPayload writes the payload's length and checksum into the header of
+// enc, a frame whose payload is enc[headerLen:]. It is the per-byte part
+// of encoding, done before the frame is numbered (and outside the Mux's
+// lock).
+func sealPayload(enc []byte) {
+	p := enc[headerLen:]
+	binary.LittleEndian.PutUint32(enc[24:], uint32(len(p)))
+	binary.LittleEndian.PutUint32(enc[28:], payloadSum(p))
+}
+
+// putHeader writes the rest of the header of a sealed frame, and the
+// header's checksum.
+func putHeader(enc []byte, typ byte, stream uint32, seq, ack uint64) {
+	enc[0], enc[1], enc[2], enc[3] = magic0, magic1, typ, 0
+	binary.LittleEndian.PutUint32(enc[4:], stream)
+	binary.LittleEndian.PutUint64(enc[8:], seq)
+	binary.LittleEndian.PutUint64(enc[16:], ack)
+	binary.LittleEndian.PutUint32(enc[32:], crc32.Checksum(enc[:32], castagnoli))
 }
 
 // setAck rewrites the ack field of an encoded frame in place. Frames wait in
@@ -98,36 +116,86 @@ var errNeedMore = errors.New("need more bytes")
 // a partial frame left in a socket by a process that died mid-write, or
 // bytes from a peer that is not speaking the protocol. Skipped bytes are
 // counted so the caller can log them.
+//
+// Its buffer is reused: bytes are read (readFrom) or fed (Feed) into its
+// free tail, and each payload is copied out into a buffer of its own, so
+// no frame keeps the decoder's memory alive and the unparsed tail can be
+// moved to the front in place.
 type Decoder struct {
-	buf     []byte
+	buf     []byte // unparsed bytes are buf[off:]
+	off     int
 	Skipped uint64
+	// alloc returns a buffer of length n for a payload; nil means make.
+	alloc func(n int) []byte
 }
 
+// decoderBuf is the size of the buffer a transport is read into: room
+// for a whole frame of the largest size plus a transport read (up to 64
+// KiB on a host socket; a virtio-serial port hands the guest at most one
+// page per read).
+const decoderBuf = 2*(headerLen+MaxPayload) + 64<<10
+
+// minRead is the least free space readFrom offers a read.
+const minRead = 16 << 10
+
 // Feed appends bytes to the decoder's buffer.
-func (d *Decoder) Feed(p []byte) { d.buf = append(d.buf, p...) }
+func (d *Decoder) Feed(p []byte) {
+	d.reserve(len(p))
+	d.buf = append(d.buf, p...)
+}
+
+// readFrom does one Read of r straight into the buffer's free tail.
+func (d *Decoder) readFrom(r io.Reader) (int, error) {
+	if d.buf == nil {
+		d.buf = make([]byte, 0, decoderBuf)
+	}
+	d.reserve(minRead)
+	n, err := r.Read(d.buf[len(d.buf):cap(d.buf)])
+	d.buf = d.buf[:len(d.buf)+n]
+	return n, err
+}
+
+// reserve makes room for n more bytes at the end of the buffer: it moves
+// the unparsed bytes to the front, or into a larger buffer when they and
+// n do not fit.
+func (d *Decoder) reserve(n int) {
+	if cap(d.buf)-len(d.buf) >= n {
+		return
+	}
+	unparsed := len(d.buf) - d.off
+	if unparsed+n <= cap(d.buf) {
+		copy(d.buf, d.buf[d.off:])
+		d.buf, d.off = d.buf[:unparsed], 0
+		return
+	}
+	nb := make([]byte, unparsed, max(unparsed+n, 2*cap(d.buf)))
+	copy(nb, d.buf[d.off:])
+	d.buf, d.off = nb, 0
+}
 
 // next returns the next valid frame, or errNeedMore. It never returns any
 // other error: invalid bytes are skipped, because on a virtio-serial port
 // a frame boundary lost across a restore is normal, not fatal.
 func (d *Decoder) next() (*frame, error) {
 	for {
+		b := d.buf[d.off:]
 		// Find the magic.
 		i := 0
-		for i+1 < len(d.buf) && !(d.buf[i] == magic0 && d.buf[i+1] == magic1) {
+		for i+1 < len(b) && !(b[i] == magic0 && b[i+1] == magic1) {
 			i++
 		}
 		if i > 0 {
-			if i+1 >= len(d.buf) && d.buf[len(d.buf)-1] == magic0 {
-				i = len(d.buf) - 1 // keep a trailing magic0: it may start a frame
+			if i+1 >= len(b) && b[len(b)-1] == magic0 {
+				i = len(b) - 1 // keep a trailing magic0: it may start a frame
 			}
-			d.Skipped += uint64(i)
-			d.buf = d.buf[i:]
+			d.drop(i)
+			b = b[i:]
 		}
-		if len(d.buf) < headerLen {
-			d.compact()
+		if len(b) < headerLen {
+			d.shrink()
 			return nil, errNeedMore
 		}
-		h := d.buf[:headerLen]
+		h := b[:headerLen]
 		if crc32.Checksum(h[:32], castagnoli) != binary.LittleEndian.Uint32(h[32:]) || h[3] != 0 {
 			d.drop(1)
 			continue
@@ -138,26 +206,32 @@ func (d *Decoder) next() (*frame, error) {
 			d.drop(1)
 			continue
 		}
-		if len(d.buf) < headerLen+n {
-			d.compact()
+		if len(b) < headerLen+n {
 			return nil, errNeedMore
 		}
-		p := d.buf[headerLen : headerLen+n]
-		if crc32.Checksum(p, castagnoli) != binary.LittleEndian.Uint32(h[28:]) {
+		p := b[headerLen : headerLen+n]
+		if payloadSum(p) != binary.LittleEndian.Uint32(h[28:]) {
 			d.drop(1)
 			continue
 		}
 		f := &frame{
-			typ:     t,
-			stream:  binary.LittleEndian.Uint32(h[4:]),
-			seq:     binary.LittleEndian.Uint64(h[8:]),
-			ack:     binary.LittleEndian.Uint64(h[16:]),
-			payload: append([]byte(nil), p...),
+			typ:    t,
+			stream: binary.LittleEndian.Uint32(h[4:]),
+			seq:    binary.LittleEndian.Uint64(h[8:]),
+			ack:    binary.LittleEndian.Uint64(h[16:]),
 		}
-		d.buf = d.buf[headerLen+n:]
+		d.off += headerLen + n
 		if sequenced(t) != (f.seq != 0) {
 			d.Skipped += uint64(headerLen + n)
 			continue
+		}
+		if n > 0 {
+			if d.alloc != nil {
+				f.payload = d.alloc(n)
+			} else {
+				f.payload = make([]byte, n)
+			}
+			copy(f.payload, p)
 		}
 		return f, nil
 	}
@@ -165,16 +239,22 @@ func (d *Decoder) next() (*frame, error) {
 
 func (d *Decoder) drop(n int) {
 	d.Skipped += uint64(n)
-	d.buf = d.buf[n:]
+	d.off += n
 }
 
-// compact moves the unread tail to the front so the buffer does not grow
-// without bound across many frames.
-func (d *Decoder) compact() {
-	if cap(d.buf) > 4*(MaxPayload+headerLen) && len(d.buf) < cap(d.buf)/4 {
-		d.buf = append([]byte(nil), d.buf...)
+// shrink gives back a buffer that grew past its usual size (Feed with a
+// large slice) once it holds little again.
+func (d *Decoder) shrink() {
+	if unparsed := len(d.buf) - d.off; unparsed == 0 {
+		d.buf, d.off = d.buf[:0], 0
+		if cap(d.buf) > 2*decoderBuf {
+			d.buf = nil
+		}
 	}
 }
+
+// unparsed is the number of bytes fed and not yet parsed.
+func (d *Decoder) unparsed() int { return len(d.buf) - d.off }
 
 func (f *frame) String() string {
 	return fmt.Sprintf("frame{type=%d stream=%d seq=%d ack=%d len=%d}", f.typ, f.stream, f.seq, f.ack, len(f.payload))
