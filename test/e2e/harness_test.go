@@ -35,6 +35,7 @@ var (
 	skipWhy   string // non-empty: the guest cannot run here
 	netherBin string // built with -race
 	ctlBin    string
+	nexusBin  string // built with -race
 	shmWatch  *testharness.DirWatch // nether-* entries appearing in /dev/shm
 )
 
@@ -78,8 +79,13 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "e2e: building nether-ctl: %v\n", err)
 		return 1
 	}
+	if err := testharness.Build(repoRoot, binDir, []string{"-race"}, "./cmd/nexus"); err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: building nexus: %v\n", err)
+		return 1
+	}
 	netherBin = filepath.Join(binDir, "nether")
 	ctlBin = filepath.Join(binDir, "nether-ctl")
+	nexusBin = filepath.Join(binDir, "nexus")
 	if bi, err := buildinfo.ReadFile(netherBin); err != nil || !slices.Contains(bi.Settings, debug.BuildSetting{Key: "-race", Value: "true"}) {
 		fmt.Fprintf(os.Stderr, "e2e: %s is not built with the race detector (%v)\n", netherBin, err)
 		return 1

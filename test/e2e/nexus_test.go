@@ -1,0 +1,349 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// nx is one nexus state directory under test, driving bin/nexus (built
+// with -race) with the race-built nether.
+type nx struct {
+	t   *testing.T
+	dir string
+}
+
+func newNexus(t *testing.T) *nx {
+	t.Helper()
+	needGuest(t)
+	// Short: a sandbox's control socket lives under it.
+	dir, err := os.MkdirTemp("", "nx-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := &nx{t: t, dir: dir}
+	t.Cleanup(func() {
+		// Remove every sandbox, then check nothing of nexus's runs on.
+		out, _, _ := x.run("ls", "--json")
+		var sbs []struct{ ID string }
+		json.Unmarshal([]byte(out), &sbs)
+		for _, sb := range sbs {
+			x.run("rm", "--force", sb.ID)
+		}
+		if left := nethersIn(filepath.Join(dir, "sandboxes")); len(left) > 0 {
+			t.Errorf("nether processes outlived their sandboxes: %v", left)
+			for _, pid := range left {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(dir, "sandboxes", "*", "nether.log"))
+			for _, l := range logs {
+				b, _ := os.ReadFile(l)
+				t.Logf("%s (tail):\n%s", l, tail(string(b), 1500))
+			}
+		}
+		os.RemoveAll(dir)
+	})
+	return x
+}
+
+// run runs nexus and returns stdout, stderr and the exit code.
+func (x *nx) run(args ...string) (string, string, int) {
+	cmd := exec.Command(nexusBin, append([]string{"--state-dir", x.dir}, args...)...)
+	cmd.Env = append(os.Environ(), "NEXUS_NETHER="+netherBin, "NETHER_GUEST_DIR="+guestDir)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		x.t.Fatalf("nexus %v: %v", args, err)
+	}
+	return out.String(), errb.String(), code
+}
+
+// must runs nexus and fails the test unless it exits 0.
+func (x *nx) must(args ...string) string {
+	x.t.Helper()
+	out, errs, code := x.run(args...)
+	if code != 0 {
+		x.t.Fatalf("nexus %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errs)
+	}
+	return out
+}
+
+// refused runs a request that must fail with exit code want, its message
+// containing each of words.
+func (x *nx) refused(want int, args []string, words ...string) {
+	x.t.Helper()
+	out, errs, code := x.run(args...)
+	if code != want {
+		x.t.Fatalf("nexus %s: exit %d, want %d\n%s%s", strings.Join(args, " "), code, want, out, errs)
+	}
+	for _, w := range words {
+		if !strings.Contains(errs, w) {
+			x.t.Fatalf("nexus %s: %q lacks %q", strings.Join(args, " "), errs, w)
+		}
+	}
+}
+
+type nxSandbox struct {
+	ID, Name, State, Parent, Snapshot, Hostname, Pool, Reason string
+}
+
+func (x *nx) inspect(ref string) nxSandbox {
+	x.t.Helper()
+	var sb nxSandbox
+	if err := json.Unmarshal([]byte(x.must("inspect", ref)), &sb); err != nil {
+		x.t.Fatal(err)
+	}
+	return sb
+}
+
+func (x *nx) list() []nxSandbox {
+	x.t.Helper()
+	var sbs []nxSandbox
+	if err := json.Unmarshal([]byte(x.must("ls", "--json")), &sbs); err != nil {
+		x.t.Fatal(err)
+	}
+	return sbs
+}
+
+func (x *nx) state(ref string) string { return x.inspect(ref).State }
+
+// nethersIn lists the live nether processes working in a directory under
+// root.
+func nethersIn(root string) []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cwd, err := os.Readlink("/proc/" + e.Name() + "/cwd")
+		if err != nil || filepath.Dir(cwd) != root {
+			continue
+		}
+		if exe, _ := os.Readlink("/proc/" + e.Name() + "/exe"); filepath.Base(exe) == "nether" {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// TestNexusLifecycle walks every legal edge of the lifecycle table and
+// asks for every illegal one on the way, each refused with exit 3 and a
+// message naming the sandbox, its state and the verb.
+func TestNexusLifecycle(t *testing.T) {
+	x := newNexus(t)
+	x.must("create", "--name", "life", "--ram-mb", "256")
+	illegal := func(state string, verbs ...string) {
+		t.Helper()
+		for _, v := range verbs {
+			args := strings.Fields(v)
+			x.refused(3, append(args, "life"), "sandbox life is "+state, "is not allowed")
+		}
+		if got := x.state("life"); got != state {
+			t.Fatalf("after refused requests the state is %s, want %s", got, state)
+		}
+	}
+	illegal("created", "stop", "pause", "resume")
+	x.refused(3, []string{"snapshot", "create", "life"}, "sandbox life is created")
+
+	x.must("start", "life")
+	illegal("running", "start", "resume", "rm")
+	x.must("exec", "life", "--", "echo one > /root/gen")
+	snap := strings.TrimSpace(x.must("snapshot", "create", "life", "life-base"))
+	if x.state("life") != "running" {
+		t.Fatal("a snapshot moved the sandbox out of running")
+	}
+	if _, _, code := x.run("exec", "life", "--", "exit 7"); code != 7 {
+		t.Errorf("nexus exec of 'exit 7' exited %d", code)
+	}
+
+	// Pause and resume through two generations; the guest's state goes
+	// with it.
+	for gen := 1; gen <= 2; gen++ {
+		x.must("pause", "life")
+		illegal("paused", "stop", "pause", "start")
+		x.refused(3, []string{"snapshot", "create", "life"}, "sandbox life is paused")
+		x.must("resume", "life")
+		x.must("exec", "life", "--", fmt.Sprintf("echo gen%d >> /root/gen", gen))
+	}
+	if out := x.must("exec", "life", "--", "cat /root/gen"); out != "one\ngen1\ngen2\n" {
+		t.Errorf("after two pause/resume generations the guest has %q", out)
+	}
+
+	x.must("stop", "life")
+	illegal("stopped", "stop", "pause", "resume")
+	x.refused(1, []string{"snapshot", "create", "life"}, "no disks yet")
+	x.must("start", "life") // stopped -> running boots again
+	x.must("rm", "--force", "life")
+	if _, _, code := x.run("inspect", "life"); code != 4 {
+		t.Errorf("inspect of a removed sandbox exited %d, want 4", code)
+	}
+
+	// created -> removed, and a name freed by rm is free again.
+	x.must("create", "--name", "life")
+	x.refused(6, []string{"create", "--name", "life"}, "already exists")
+	x.must("rm", "life")
+
+	// A nether that dies is noticed by the next command: error, with the
+	// reason, and an error sandbox can only be removed.
+	x.must("create", "--name", "doomed", "--start")
+	pid := nethersIn(filepath.Join(x.dir, "sandboxes"))
+	if len(pid) != 1 {
+		t.Fatalf("want one nether running, found %v", pid)
+	}
+	syscall.Kill(pid[0], syscall.SIGKILL)
+	deadline := time.Now().Add(10 * time.Second)
+	for x.state("doomed") != "error" && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	sb := x.inspect("doomed")
+	if sb.State != "error" || !strings.Contains(sb.Reason, "without a final record") {
+		t.Fatalf("a killed nether's sandbox: %+v", sb)
+	}
+	x.refused(3, []string{"start", "doomed"}, "sandbox doomed is error")
+	x.must("rm", "doomed")
+	x.must("snapshot", "rm", snap)
+}
+
+// TestNexusFork: four children of one snapshot, forked at once, each with
+// its provenance and its own identity, memory and CRNG; a referenced
+// snapshot cannot be removed, and can once its children are gone.
+func TestNexusFork(t *testing.T) {
+	x := newNexus(t)
+	x.must("create", "--name", "base", "--ram-mb", "256", "--start")
+	x.must("exec", "base", "--", "echo inherited > /root/marker")
+	x.must("snapshot", "create", "base", "warm")
+	t0 := time.Now()
+	kids := strings.Fields(x.must("fork", "warm", "-n", "4", "--name", "kid"))
+	t.Logf("nexus fork -n 4 took %s", time.Since(t0).Round(time.Millisecond))
+	if len(kids) != 4 {
+		t.Fatalf("fork -n 4 printed %q", kids)
+	}
+	base := x.inspect("base")
+	seen := map[string]map[string]bool{"hostname": {}, "machine-id": {}, "urandom": {}}
+	for i := 1; i <= 4; i++ {
+		name := fmt.Sprintf("kid-%d", i)
+		sb := x.inspect(name)
+		if sb.State != "running" || sb.Parent != base.ID || sb.Snapshot == "" {
+			t.Errorf("%s: %+v", name, sb)
+		}
+		for what, cmd := range map[string]string{"hostname": "hostname", "machine-id": "cat /etc/machine-id", "urandom": "head -c 16 /dev/urandom | od -An -tx1"} {
+			v := x.must("exec", name, "--", cmd)
+			if seen[what][v] {
+				t.Errorf("%s: %s %q is another child's too", name, what, v)
+			}
+			seen[what][v] = true
+		}
+		if out := x.must("exec", name, "--", "cat /root/marker"); out != "inherited\n" {
+			t.Errorf("%s did not inherit the base's file: %q", name, out)
+		}
+	}
+	// Each child's memory is its own.
+	x.must("exec", "kid-1", "--", "echo mine > /root/marker")
+	if out := x.must("exec", "kid-2", "--", "cat /root/marker"); out != "inherited\n" {
+		t.Errorf("kid-2 sees kid-1's write: %q", out)
+	}
+	if out := x.must("exec", "base", "--", "cat /root/marker"); out != "inherited\n" {
+		t.Errorf("the parent sees a child's write: %q", out)
+	}
+	tree := x.must("tree", "base")
+	for _, want := range []string{"base (", "snapshot warm (", "kid-1 (", "kid-4 ("} {
+		if !strings.Contains(tree, want) {
+			t.Errorf("nexus tree lacks %q:\n%s", want, tree)
+		}
+	}
+	if dot := x.must("tree", "--dot"); !strings.HasPrefix(dot, "digraph lineage {") {
+		t.Errorf("nexus tree --dot: %q", dot)
+	}
+	x.refused(1, []string{"snapshot", "rm", "warm"}, "in use by 4 sandbox(es)", "kid-1", "kid-4")
+	x.must(append([]string{"rm", "--force"}, kids...)...)
+	x.must("snapshot", "rm", "warm")
+	// Forking a running sandbox takes a snapshot of it first.
+	kid := strings.TrimSpace(x.must("fork", "base"))
+	if sb := x.inspect(kid); sb.Parent != base.ID || sb.Snapshot == "" {
+		t.Errorf("a fork of a running sandbox: %+v", sb)
+	}
+}
+
+// TestNexusCorruptSnapshot: a snapshot whose files changed after commit
+// is refused by name.
+func TestNexusCorruptSnapshot(t *testing.T) {
+	x := newNexus(t)
+	x.must("create", "--name", "src", "--ram-mb", "256", "--start")
+	id := strings.TrimSpace(x.must("snapshot", "create", "src", "fragile"))
+	meta := filepath.Join(x.dir, "snapshots", id, "meta.json")
+	b, err := os.ReadFile(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(meta, bytes.Replace(b, []byte(`"kind"`), []byte(` "kind"`), 1), 0o600)
+	x.refused(1, []string{"fork", "fragile"}, "snapshot fragile is corrupted")
+}
+
+// TestNexusKill9: a nexus killed in the middle of a fork or a snapshot
+// leaves a store the next command reconciles: no half-born sandbox shown,
+// no nether that no record knows, no artifact no record names.
+func TestNexusKill9(t *testing.T) {
+	x := newNexus(t)
+	x.must("create", "--name", "src", "--ram-mb", "256", "--start")
+	x.must("snapshot", "create", "src", "s")
+	for _, tc := range []struct {
+		name  string
+		args  []string
+		after time.Duration
+	}{
+		{"mid-fork", []string{"fork", "s", "-n", "2"}, 300 * time.Millisecond},
+		{"mid-snapshot", []string{"snapshot", "create", "src"}, 100 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(nexusBin, append([]string{"--state-dir", x.dir}, tc.args...)...)
+			cmd.Env = append(os.Environ(), "NEXUS_NETHER="+netherBin, "NETHER_GUEST_DIR="+guestDir)
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(tc.after)
+			cmd.Process.Kill()
+			cmd.Wait()
+			sbs := x.list() // reconciles
+			pids := nethersIn(filepath.Join(x.dir, "sandboxes"))
+			t.Logf("after kill -9 %s: %d sandboxes listed, %d nethers running", tc.name, len(sbs), len(pids))
+			// Every nether that runs belongs to a listed, running sandbox.
+			running := 0
+			for _, sb := range sbs {
+				if sb.State == "running" {
+					running++
+				}
+			}
+			if len(pids) != running {
+				t.Errorf("%d nethers run for %d running sandboxes: %+v", len(pids), running, sbs)
+			}
+			snaps := x.must("snapshot", "ls", "--json")
+			var ss []struct{ ID, Dir string }
+			json.Unmarshal([]byte(snaps), &ss)
+			ents, _ := os.ReadDir(filepath.Join(x.dir, "snapshots"))
+			if len(ents) != len(ss) {
+				t.Errorf("%d artifacts on disk for %d snapshot records", len(ents), len(ss))
+			}
+			for _, sb := range sbs {
+				if sb.Name != "src" {
+					x.must("rm", "--force", sb.ID)
+				}
+			}
+		})
+	}
+}
