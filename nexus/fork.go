@@ -29,6 +29,8 @@ type ForkRequest struct {
 	Names []string
 	// Progress, when set, is told as each child comes up (or fails).
 	Progress func(done, failed, total int)
+	// NoPool forks cold even when the snapshot has a warm pool.
+	NoPool bool
 }
 
 // Fork makes N new sandboxes from a snapshot, each running on its own
@@ -55,9 +57,11 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	}
 	// Warm children first, then cold ones for the rest.
 	var kids []*Sandbox
-	claimed, err := n.claimFromPool(ctx, snap, names)
-	if err != nil {
-		return nil, err
+	var claimed []*Sandbox
+	if !req.NoPool {
+		if claimed, err = n.claimFromPool(ctx, snap, names); err != nil {
+			return nil, err
+		}
 	}
 	kids = append(kids, claimed...)
 	names = names[len(claimed):]

@@ -43,15 +43,52 @@ func (n *Nexus) PoolSet(ctx context.Context, ref string, size int) (*store.Pool,
 	return p, n.fillPool(ctx, snap.ID)
 }
 
-// Pools lists the pools.
-func (n *Nexus) Pools(ctx context.Context) ([]*store.Pool, error) {
-	var out []*store.Pool
+// PoolStatus is a pool and how many of its members are up now.
+type PoolStatus struct {
+	store.Pool
+	Members int `json:"members"` // restored or restoring
+	Ready   int `json:"ready"`   // answering: claimable now
+}
+
+// Pools lists the pools with their members.
+func (n *Nexus) Pools(ctx context.Context) ([]*PoolStatus, error) {
+	var out []*PoolStatus
 	err := n.db.View(func(tx *store.Tx) error {
-		var err error
-		out, err = tx.Pools()
-		return err
+		ps, err := tx.Pools()
+		if err != nil {
+			return err
+		}
+		for _, p := range ps {
+			ms, err := n.members(tx, p.Snapshot)
+			if err != nil {
+				return err
+			}
+			st := &PoolStatus{Pool: *p, Members: len(ms)}
+			for _, sb := range ms {
+				if sb.Lease == nil && alive(sb.PID, sb.PIDStart) {
+					st.Ready++
+				}
+			}
+			out = append(out, st)
+		}
+		return nil
 	})
 	return out, err
+}
+
+// PoolReady is how many members of snapshot snapID's pool are restored
+// and claimable now.
+func (n *Nexus) PoolReady(ctx context.Context, snapID string) int {
+	ps, err := n.Pools(ctx)
+	if err != nil {
+		return 0
+	}
+	for _, p := range ps {
+		if p.Snapshot == snapID {
+			return p.Ready
+		}
+	}
+	return 0
 }
 
 // members are snap's pool members: ready ones are running with no lease.

@@ -491,12 +491,12 @@ func (a *app) poolCmd() *cobra.Command {
 				return err
 			}
 			if ps == nil {
-				ps = []*store.Pool{}
+				ps = []*nexus.PoolStatus{}
 			}
 			return a.print(ps, func(w io.Writer) {
-				fmt.Fprintln(w, "SNAPSHOT\tSIZE")
+				fmt.Fprintln(w, "SNAPSHOT\tSIZE\tMEMBERS\tREADY")
 				for _, p := range ps {
-					fmt.Fprintf(w, "%s\t%d\n", short(p.Snapshot), p.Size)
+					fmt.Fprintf(w, "%s\t%d\t%d\t%d\n", short(p.Snapshot), p.Size, p.Members, p.Ready)
 				}
 			})
 		},
