@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/internal/agentproto"
+	"github.com/nethersandbox/nether/internal/channel"
 )
 
 // tenantEcho is a loopback server that answers each line with "echo: "
@@ -56,10 +57,7 @@ func TestConnect(t *testing.T) {
 		}
 	})
 	t.Run("nothing listening is a reset naming the connect", func(t *testing.T) {
-		l, _ := net.Listen("tcp4", "127.0.0.1:0")
-		free := uint16(l.Addr().(*net.TCPAddr).Port)
-		l.Close()
-		s, err := ta.host.Open(agentproto.Request{Op: agentproto.OpConnect, Port: free}.Encode())
+		s, err := ta.host.Open(agentproto.Request{Op: agentproto.OpConnect, Port: freePort(t)}.Encode())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,37 +69,57 @@ func TestConnect(t *testing.T) {
 	ta.waitServed(t)
 }
 
-// TestEgress: a tenant's connection to the egress port becomes a stream
-// the host accepts, with a well-formed conn id; bytes pass both ways; the
-// listener moves and closes on request.
-func TestEgress(t *testing.T) {
-	ta := startAgent(t)
-	l, _ := net.Listen("tcp4", "127.0.0.1:0")
-	port := uint16(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
-	listen := func(p uint16) {
-		t.Helper()
-		s, err := ta.host.Open(agentproto.Request{Op: agentproto.OpListen, Port: p}.Encode())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.ReadAll(s); err != nil {
-			t.Fatalf("listen %d: %v", p, err)
-		}
+// freePort is a loopback port nothing listens on.
+func freePort(t *testing.T) uint16 {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-	listen(port)
-	listen(port) // idempotent
+	defer l.Close()
+	return uint16(l.Addr().(*net.TCPAddr).Port)
+}
+
+// setListener asks the agent for its egress listener on port, as the
+// host does.
+func (ta *testAgent) setListener(t *testing.T, port uint16) {
+	t.Helper()
+	s, err := ta.host.Open(agentproto.Request{Op: agentproto.OpListen, Port: port}.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadAll(s); err != nil {
+		t.Fatalf("listen %d: %v", port, err)
+	}
+}
+
+// tenantConnects opens a tenant connection to the egress port and
+// returns it with the egress stream the host accepted for it.
+func (ta *testAgent) tenantConnects(t *testing.T, port uint16) (net.Conn, *channel.Stream) {
+	t.Helper()
 	tenant, err := net.Dial("tcp4", net.JoinHostPort("127.0.0.1", itoa(port)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tenant.Close()
+	t.Cleanup(func() { tenant.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	s, err := ta.host.Accept(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return tenant, s
+}
+
+// TestEgress: a tenant's connection to the egress port becomes a stream
+// the host accepts, with a well-formed conn id; bytes pass both ways; the
+// listener moves and closes on request.
+func TestEgress(t *testing.T) {
+	ta := startAgent(t)
+	port := freePort(t)
+	ta.setListener(t, port)
+	ta.setListener(t, port) // idempotent
+	tenant, s := ta.tenantConnects(t, port)
 	req, err := agentproto.Decode(s.Meta())
 	if err != nil || req.Op != agentproto.OpEgress || !agentproto.ValidConn(req.Conn) {
 		t.Fatalf("egress stream meta %+v, %v", req, err)
@@ -117,7 +135,7 @@ func TestEgress(t *testing.T) {
 	if err != nil || string(got) != "200 OK\n" {
 		t.Fatalf("tenant read %q, %v", got, err)
 	}
-	listen(0)
+	ta.setListener(t, 0)
 	if c, err := net.DialTimeout("tcp4", net.JoinHostPort("127.0.0.1", itoa(port)), time.Second); err == nil {
 		c.Close()
 		t.Fatal("the egress listener still accepts after listen 0")
@@ -129,22 +147,9 @@ func TestEgress(t *testing.T) {
 // connection at once.
 func TestEgressHostRefuses(t *testing.T) {
 	ta := startAgent(t)
-	l, _ := net.Listen("tcp4", "127.0.0.1:0")
-	port := uint16(l.Addr().(*net.TCPAddr).Port)
-	l.Close()
-	s, _ := ta.host.Open(agentproto.Request{Op: agentproto.OpListen, Port: port}.Encode())
-	io.ReadAll(s)
-	tenant, err := net.Dial("tcp4", net.JoinHostPort("127.0.0.1", itoa(port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tenant.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	es, err := ta.host.Accept(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	port := freePort(t)
+	ta.setListener(t, port)
+	tenant, es := ta.tenantConnects(t, port)
 	es.Reset("no egress socket")
 	tenant.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadAll(tenant); err != nil && strings.Contains(err.Error(), "timeout") {
