@@ -21,7 +21,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nethersandbox/nether/nexus"
-	"github.com/nethersandbox/nether/nexus/store"
 )
 
 // Exit codes.
@@ -59,16 +58,18 @@ func main() {
 
 func exitCode(err error) int {
 	var ue usageError
-	switch {
-	case errors.As(err, &ue):
+	if errors.As(err, &ue) {
 		return exitUsage
-	case nexus.IsIllegal(err):
+	}
+	// The classification is nexus's, shared with the HTTP API.
+	switch nexus.Kind(err) {
+	case nexus.KindIllegal:
 		return exitIllegal
-	case errors.Is(err, store.ErrNotFound):
+	case nexus.KindNotFound:
 		return exitMissing
-	case errors.Is(err, nexus.ErrBusy):
+	case nexus.KindBusy:
 		return exitBusy
-	case errors.Is(err, store.ErrNameTaken):
+	case nexus.KindNameTaken:
 		return exitTaken
 	}
 	return exitError
