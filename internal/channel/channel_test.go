@@ -660,3 +660,161 @@ func TestIdleAckComesAfterADelay(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// gatedConn is a transport whose writes wait for a gate and are kept;
+// reads come from the peer end of a pipe.
+type gatedConn struct {
+	io.Reader
+	gate    chan struct{}
+	mu      sync.Mutex
+	written []byte
+}
+
+func (c *gatedConn) Write(p []byte) (int, error) {
+	<-c.gate
+	c.mu.Lock()
+	c.written = append(c.written, p...)
+	c.mu.Unlock()
+	return len(p), nil
+}
+
+// TestSentFrameIsNotRecycledWhileWritten: a frame acknowledged while the
+// write loop is still writing it keeps its buffer until the write ends;
+// only then does the buffer go back for another frame.
+func TestSentFrameIsNotRecycledWhileWritten(t *testing.T) {
+	host := New(Host, quietLog())
+	defer host.Close()
+	in, peer := net.Pipe()
+	defer peer.Close()
+	conn := &gatedConn{Reader: in, gate: make(chan struct{})}
+	host.Attach(conn, false)
+	conn.gate <- struct{}{} // the resync frame
+	s, err := host.Open(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, maxData)
+	rand.Read(data)
+	if n, err := s.WriteFrom(context.Background(), func(p []byte) (int, error) { return copy(p, data), nil }); n != maxData || err != nil {
+		t.Fatalf("WriteFrom: %d, %v", n, err)
+	}
+	idle := func() int {
+		host.frames.mu.Lock()
+		defer host.frames.mu.Unlock()
+		return len(host.frames.free)
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting until %s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// Let the open frame through; the data frame's write now waits.
+	conn.gate <- struct{}{}
+	waitFor("the write loop holds the data frame", func() bool {
+		host.mu.Lock()
+		defer host.mu.Unlock()
+		return len(host.outq) == 0
+	})
+	// The peer acknowledges both frames while the data frame is written.
+	if _, err := peer.Write(appendFrame(nil, &frame{typ: typeAck, ack: 2})); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the ack is taken", func() bool {
+		host.mu.Lock()
+		defer host.mu.Unlock()
+		return len(host.unacked) == 0
+	})
+	if n := idle(); n != 0 {
+		t.Fatalf("%d frame buffers recycled while the write loop still writes one", n)
+	}
+	conn.gate <- struct{}{}
+	waitFor("the buffer comes back after its write", func() bool { return idle() == 1 })
+	var d Decoder
+	conn.mu.Lock()
+	d.Feed(conn.written)
+	conn.mu.Unlock()
+	var got []byte
+	for {
+		f, err := d.next()
+		if err != nil {
+			break
+		}
+		if f.typ == typeData {
+			got = f.payload
+		}
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("the data frame on the wire is not the one written")
+	}
+}
+
+// failAfter is a writer that takes n bytes, then fails.
+type failAfter struct {
+	n   int
+	got []byte
+}
+
+var errSink = errors.New("sink full")
+
+func (w *failAfter) Write(p []byte) (int, error) {
+	if len(w.got)+len(p) > w.n {
+		k := w.n - len(w.got)
+		w.got = append(w.got, p[:k]...)
+		return k, errSink
+	}
+	w.got = append(w.got, p...)
+	return len(p), nil
+}
+
+// TestWriteToHandsOverEveryByte: io.Copy through the stream's WriteTo
+// delivers every byte in order and returns at the peer's CloseWrite with
+// its status readable, grants credit as it goes (the sender writes
+// several windows), and stops at the writer's error.
+func TestWriteToHandsOverEveryByte(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	data := make([]byte, 3*Window+777)
+	rand.Read(data)
+	s, err := host.Open(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		s.Write(data)
+		s.CloseWrite([]byte("sent"))
+	}()
+	g := accept(t, guest)
+	var got bytes.Buffer
+	n, err := io.Copy(struct{ io.Writer }{&got}, g) // io.Copy takes g's WriteTo
+	if err != nil || n != int64(len(data)) || !bytes.Equal(got.Bytes(), data) {
+		t.Fatalf("io.Copy: %d bytes, %v; want %d intact", n, err, len(data))
+	}
+	if string(g.Status()) != "sent" {
+		t.Fatalf("status %q", g.Status())
+	}
+
+	s2, err := host.Open(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s2.Write(data[:Window])
+	g2 := accept(t, guest)
+	w := &failAfter{n: 1000}
+	if n, err := g2.WriteTo(w); !errors.Is(err, errSink) || n != 1000 || !bytes.Equal(w.got, data[:1000]) {
+		t.Fatalf("WriteTo into a failing writer: %d, %v", n, err)
+	}
+
+	s3, err := host.Open(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g3 := accept(t, guest)
+	s3.Reset("gone")
+	if _, err := g3.WriteTo(io.Discard); !errors.Is(err, ErrReset) {
+		t.Fatalf("WriteTo of a reset stream: %v", err)
+	}
+}

@@ -47,8 +47,8 @@ type Mux struct {
 	ackTimer *time.Timer
 	ackArmed bool
 	ackNow   bool
-	unacked  []pending
-	outq     [][]byte
+	unacked  []*pending
+	outq     []*pending // frames for the write loop, in order
 	nextID   uint32
 	streams  map[uint32]*Stream
 	acceptq  []*Stream
@@ -61,7 +61,8 @@ type Mux struct {
 	halted    bool  // closed by Halt: even buffered bytes are no longer delivered
 	closeErr  error // why the Mux closed, when it was not Close
 
-	payloads payloadPool
+	payloads payloadPool // received payloads, between the read loop and Stream.Read
+	frames   payloadPool // sent frames, between WriteFrom and the end of their last write
 
 	// counters for meters and logs
 	bytesIn, bytesOut uint64
@@ -69,9 +70,31 @@ type Mux struct {
 	lastWarn          time.Time
 }
 
+// pending is an encoded frame on its way out: in the resend queue until
+// acknowledged (if sequenced), in the write queue until written. Its
+// buffer goes back to the pool once neither holds it, and never sooner:
+// a frame in flight must not change under the write loop.
 type pending struct {
-	seq uint64
-	enc []byte
+	seq  uint64 // 0 for unsequenced frames
+	enc  []byte
+	refs int // the resend queue, the write queue or the write loop's batch
+}
+
+// releaseLocked drops one hold on p.
+func (m *Mux) releaseLocked(p *pending) {
+	p.refs--
+	if p.refs == 0 {
+		m.frames.put(p.enc)
+		p.enc = nil
+	}
+}
+
+// setOutqLocked replaces the write queue, releasing what it held.
+func (m *Mux) setOutqLocked(q []*pending) {
+	for _, p := range m.outq {
+		m.releaseLocked(p)
+	}
+	m.outq = q
 }
 
 // New returns an unattached Mux. Frames queue until Attach.
@@ -103,17 +126,20 @@ func (m *Mux) Attach(rw io.ReadWriter, persistent bool) {
 	m.transport = rw
 	m.down = false
 	if m.role == Host {
-		m.outq = append([][]byte{appendFrame(nil, &frame{typ: typeResync})}, m.resendLocked()...)
+		resync := &pending{enc: appendFrame(nil, &frame{typ: typeResync}), refs: 1}
+		m.setOutqLocked(append([]*pending{resync}, m.resendLocked()...))
 	}
 	m.cond.Broadcast()
 	m.mu.Unlock()
 	go m.readLoop(rw, gen, persistent)
 }
 
-func (m *Mux) resendLocked() [][]byte {
-	q := make([][]byte, 0, len(m.unacked))
+// resendLocked is a write queue of every unacknowledged frame.
+func (m *Mux) resendLocked() []*pending {
+	q := make([]*pending, 0, len(m.unacked))
 	for _, p := range m.unacked {
-		q = append(q, p.enc)
+		p.refs++
+		q = append(q, p)
 	}
 	return q
 }
@@ -191,18 +217,21 @@ func (m *Mux) handleLocked(f *frame) {
 		i++
 	}
 	if i > 0 {
+		for _, p := range m.unacked[:i] {
+			m.releaseLocked(p)
+		}
 		m.unacked = append(m.unacked[:0:0], m.unacked[i:]...)
 	}
 	if m.down {
 		// The transport works again: whatever a failed write lost goes again.
 		m.down = false
-		m.outq = m.resendLocked()
+		m.setOutqLocked(m.resendLocked())
 	}
 	switch {
 	case f.typ == typeAck:
 		return
 	case f.typ == typeResync:
-		m.outq = m.resendLocked()
+		m.setOutqLocked(m.resendLocked())
 		return
 	case f.seq <= m.recvSeq:
 		// A resent frame we already have: our ack covers it, and the
@@ -289,13 +318,14 @@ const (
 	// pooledMin is the smallest payload whose buffer is pooled; smaller
 	// ones are allocated to size.
 	pooledMin = 4 << 10
-	// poolMax bounds the idle buffers the pool keeps: what one stream's
-	// window can hold.
-	poolMax = Window / MaxPayload
+	// poolMax bounds the idle buffers a pool keeps (512 KiB): enough for
+	// the frames a window grant or an ack frees at once, not a window's
+	// worth held for ever after a transfer.
+	poolMax = 16
 )
 
 func (p *payloadPool) get(n int) []byte {
-	if n < pooledMin {
+	if n < pooledMin || n > MaxPayload {
 		return make([]byte, n)
 	}
 	p.mu.Lock()
@@ -380,13 +410,15 @@ func (m *Mux) sendSealedLocked(typ byte, stream uint32, enc []byte) {
 	seq := m.nextSeq
 	m.nextSeq++
 	putHeader(enc, typ, stream, seq, m.recvSeq)
-	m.unacked = append(m.unacked, pending{seq: seq, enc: enc})
-	m.outq = append(m.outq, enc)
+	p := &pending{seq: seq, enc: enc, refs: 2}
+	m.unacked = append(m.unacked, p)
+	m.outq = append(m.outq, p)
 	m.bytesOut += uint64(len(enc) - headerLen)
 	m.cond.Broadcast()
 }
 
 func (m *Mux) writeLoop() {
+	var bufs net.Buffers
 	for {
 		m.mu.Lock()
 		for !m.closed && (m.transport == nil || m.down || m.frozen || (len(m.outq) == 0 && !m.ackDueLocked())) {
@@ -396,16 +428,19 @@ func (m *Mux) writeLoop() {
 			m.mu.Unlock()
 			return
 		}
+		// The batch takes over the write queue's holds on its frames.
 		batch := m.outq
 		m.outq = nil
 		if len(batch) == 0 {
-			batch = [][]byte{appendFrame(nil, &frame{typ: typeAck})}
+			batch = []*pending{{enc: appendFrame(nil, &frame{typ: typeAck}), refs: 1}}
 		}
 		// Buffers in the resend queue are rewritten only here, and this
 		// goroutine is the only writer, so writing them outside the lock is
 		// safe.
-		for _, enc := range batch {
-			setAck(enc, m.recvSeq)
+		bufs = bufs[:0]
+		for _, p := range batch {
+			setAck(p.enc, m.recvSeq)
+			bufs = append(bufs, p.enc)
 		}
 		m.ackSent, m.ackNow = m.recvSeq, false
 		if m.ackArmed {
@@ -415,15 +450,19 @@ func (m *Mux) writeLoop() {
 		w, gen := m.transport, m.gen
 		m.mu.Unlock()
 
-		bufs := net.Buffers(batch)
-		_, err := bufs.WriteTo(w)
+		wb := bufs // WriteTo consumes its receiver
+		_, err := wb.WriteTo(w)
+		clear(bufs)
+		m.mu.Lock()
+		for _, p := range batch {
+			m.releaseLocked(p)
+		}
+		if err != nil && m.gen == gen && !m.closed {
+			m.down = true
+			m.log.Debug("channel: transport write failed; waiting for the peer", "err", err)
+		}
+		m.mu.Unlock()
 		if err != nil {
-			m.mu.Lock()
-			if m.gen == gen && !m.closed {
-				m.down = true
-				m.log.Debug("channel: transport write failed; waiting for the peer", "err", err)
-			}
-			m.mu.Unlock()
 			time.Sleep(10 * time.Millisecond)
 		}
 	}

@@ -147,7 +147,7 @@ func Restore(st *State, log *slog.Logger) (*Mux, error) {
 	defer m.mu.Unlock()
 	m.nextSeq, m.recvSeq, m.ackSent, m.nextID = st.NextSeq, st.RecvSeq, st.RecvSeq, st.NextID
 	for _, p := range st.Unacked {
-		m.unacked = append(m.unacked, pending{seq: p.Seq, enc: append([]byte(nil), p.Encoded...)})
+		m.unacked = append(m.unacked, &pending{seq: p.Seq, enc: append([]byte(nil), p.Encoded...), refs: 1})
 	}
 	for _, ss := range st.Streams {
 		s := m.newStreamLocked(ss.ID, ss.Meta)

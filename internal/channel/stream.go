@@ -66,17 +66,7 @@ func (s *Stream) ReadContext(ctx context.Context, p []byte) (int, error) {
 	}
 	if s.unreadLen > 0 && len(p) > 0 {
 		n := s.takeLocked(p)
-		s.consumed += n
-		// Grant credit back in half-window steps: often enough that the
-		// sender never idles on a reader that keeps up, rarely enough that
-		// window frames stay a small fraction of the traffic.
-		if s.consumed >= Window/2 && !s.remoteClosed && !s.reset {
-			var b [4]byte
-			binary.LittleEndian.PutUint32(b[:], uint32(s.consumed))
-			s.consumed = 0
-			m.sendLocked(typeWindow, s.id, b[:])
-		}
-		m.reapLocked(s)
+		s.consumedLocked(n)
 		return n, nil
 	}
 	switch {
@@ -91,6 +81,81 @@ func (s *Stream) ReadContext(ctx context.Context, p []byte) (int, error) {
 		return 0, ctx.Err()
 	}
 	return 0, nil
+}
+
+// consumedLocked accounts for n bytes the reader took.
+func (s *Stream) consumedLocked(n int) {
+	m := s.m
+	s.consumed += n
+	// Grant credit back in half-window steps: often enough that the
+	// sender never idles on a reader that keeps up, rarely enough that
+	// window frames stay a small fraction of the traffic.
+	if s.consumed >= Window/2 && !s.remoteClosed && !s.reset {
+		var b [4]byte
+		binary.LittleEndian.PutUint32(b[:], uint32(s.consumed))
+		s.consumed = 0
+		m.sendLocked(typeWindow, s.id, b[:])
+	}
+	m.reapLocked(s)
+}
+
+// WriteTo implements io.WriterTo (so io.Copy uses it): it writes the
+// stream's bytes to w as they arrive, each frame's payload as it came,
+// with none of the copy a Read makes, until the peer's CloseWrite, when
+// it returns nil. Bytes handed to w are consumed, as if Read; an error of
+// w's ends it.
+func (s *Stream) WriteTo(w io.Writer) (int64, error) {
+	m := s.m
+	var total int64
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for {
+		// While frozen nothing is delivered, as with Read.
+		for (m.frozen && !m.closed) || (s.unreadLen == 0 && !s.remoteClosed && !s.reset && !m.closed) {
+			m.cond.Wait()
+		}
+		if m.halted {
+			return total, ErrClosed
+		}
+		if s.unreadLen > 0 {
+			held, off, n := s.unread, s.unreadOff, s.unreadLen
+			s.unread, s.unreadOff, s.unreadLen = nil, 0, 0
+			m.mu.Unlock()
+			var werr error
+			for i, p := range held {
+				if i == 0 {
+					p = p[off:]
+				}
+				k, err := w.Write(p)
+				total += int64(k)
+				if err == nil && k < len(p) {
+					err = io.ErrShortWrite
+				}
+				if err != nil {
+					werr = err
+					break
+				}
+			}
+			m.mu.Lock()
+			for _, p := range held {
+				m.payloads.put(p)
+			}
+			s.consumedLocked(n)
+			if werr != nil {
+				return total, werr
+			}
+			continue
+		}
+		switch {
+		case s.reset:
+			return total, fmt.Errorf("%w: %s", ErrReset, s.resetReason)
+		case s.remoteClosed:
+			m.reapLocked(s)
+			return total, nil
+		default:
+			return total, m.closedErrLocked()
+		}
+	}
 }
 
 // takeLocked copies unread bytes into p, as many as fit, and gives the
@@ -201,7 +266,9 @@ func (s *Stream) writeFrame(ctx context.Context, limit int, read func(p []byte) 
 	s.reserved += n
 	m.mu.Unlock()
 
-	enc := make([]byte, headerLen+n)
+	// A recycled buffer: in a TCG guest a fresh one costs a page fault
+	// per page on its first touch, besides the garbage collector's work.
+	enc := m.frames.get(headerLen + n)
 	k, rerr := read(enc[headerLen:])
 	k = max(0, min(k, n))
 	enc = enc[:headerLen+k]
@@ -213,14 +280,16 @@ func (s *Stream) writeFrame(ctx context.Context, limit int, read func(p []byte) 
 	defer m.mu.Unlock()
 	s.reserved -= n
 	s.credit += n - k
-	if k > 0 {
-		if err := s.writableLocked(); err != nil {
-			return 0, err
-		}
-		m.sendSealedLocked(typeData, s.id, enc)
-	} else if n > 0 {
+	if k == 0 {
+		m.frames.put(enc)
 		m.cond.Broadcast() // the credit is back for another writer
+		return 0, rerr
 	}
+	if err := s.writableLocked(); err != nil {
+		m.frames.put(enc)
+		return 0, err
+	}
+	m.sendSealedLocked(typeData, s.id, enc)
 	return k, rerr
 }
 
