@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -171,28 +170,42 @@ func replaceable(path string) error {
 
 // receive copies the stream into dst until the host's CloseWrite. A reset,
 // a closed channel or more than max bytes (when max > 0) end it with an
-// error.
+// error. Each frame's payload is written to dst as it arrived
+// (Stream.WriteTo): no copy of the bytes in between.
 func receive(dst *os.File, s *channel.Stream, path string, max int64) (int64, error) {
-	buf := make([]byte, 32<<10)
-	var n int64
-	for {
-		r, err := s.Read(buf)
-		if r > 0 {
-			if max > 0 && n+int64(r) > max {
-				return n, overLimit(path, max)
-			}
-			if _, werr := dst.Write(buf[:r]); werr != nil {
-				return n, fmt.Errorf("writing %s: %v", showPath(path), unwrapPathError(werr))
-			}
-			n += int64(r)
-		}
-		if err == io.EOF {
-			return n, nil
-		}
-		if err != nil {
-			return n, fmt.Errorf("receiving %s: %v", showPath(path), err)
-		}
+	w := &fileSink{f: dst, path: path, max: max}
+	_, err := s.WriteTo(w)
+	switch {
+	case w.err != nil:
+		return w.n, w.err
+	case err != nil:
+		return w.n, fmt.Errorf("receiving %s: %v", showPath(path), err)
 	}
+	return w.n, nil
+}
+
+// fileSink writes a put's bytes to its file, refusing any past max (when
+// max > 0), and keeps the error that ended it.
+type fileSink struct {
+	f    *os.File
+	path string
+	max  int64
+	n    int64
+	err  error
+}
+
+func (w *fileSink) Write(p []byte) (int, error) {
+	if w.max > 0 && w.n+int64(len(p)) > w.max {
+		w.err = overLimit(w.path, w.max)
+		return 0, w.err
+	}
+	k, err := w.f.Write(p)
+	w.n += int64(k)
+	if err != nil {
+		w.err = fmt.Errorf("writing %s: %v", showPath(w.path), unwrapPathError(err))
+		return k, w.err
+	}
+	return k, nil
 }
 
 // get sends a regular file's bytes. Anything else is refused before it is
@@ -276,18 +289,32 @@ const pollInterval = 100 * time.Millisecond
 // With max > 0 it reads at most one byte past max, which is enough to know
 // the file is over it.
 func (a *agent) sendFile(s *channel.Stream, fd int, path string, max int64) (int64, error) {
-	buf := make([]byte, 32<<10)
 	var n int64
 	idle := 0 // reads in a row that found nothing
 	for {
-		want := len(buf)
-		if max > 0 && max-n < int64(want) {
-			want = int(max-n) + 1
-		}
-		r, err := unix.Read(fd, buf[:want])
+		// Each read goes straight into the payload of the frame that
+		// carries it. WriteFrom waits for the host to take the bytes, and
+		// gives up when it resets the stream or the channel closes.
+		var rerr error
+		over := false
+		r, err := s.WriteFrom(context.Background(), func(p []byte) (int, error) {
+			if max > 0 && max-n < int64(len(p)) {
+				p = p[:max-n+1]
+			}
+			k, err := readFile(fd, p)
+			if max > 0 && n+int64(k) > max {
+				over = true
+				return 0, nil // none of it goes
+			}
+			rerr = err
+			return k, err
+		})
+		n += int64(r)
 		switch {
-		case err == unix.EINTR:
-			continue
+		case over:
+			return n, overLimit(path, max)
+		case err != rerr:
+			return n, err // the stream's error, not the file's
 		case err == unix.EAGAIN:
 			if err := a.streamEnded(s); err != nil {
 				return n, err
@@ -306,15 +333,21 @@ func (a *agent) sendFile(s *channel.Stream, fd int, path string, max int64) (int
 			return n, nil
 		}
 		idle = 0
-		if max > 0 && n+int64(r) > max {
-			return n, overLimit(path, max)
+	}
+}
+
+// readFile is read(2) on fd, again after EINTR; it never returns a
+// negative count.
+func readFile(fd int, p []byte) (int, error) {
+	for {
+		k, err := unix.Read(fd, p)
+		if err == unix.EINTR {
+			continue
 		}
-		// Write waits for the host to take the bytes, and gives up when it
-		// resets the stream or the channel closes.
-		if _, err := s.Write(buf[:r]); err != nil {
-			return n, err
+		if k < 0 {
+			k = 0
 		}
-		n += int64(r)
+		return k, err
 	}
 }
 

@@ -356,7 +356,9 @@ func drain(ctx context.Context, st *channel.Stream) (int64, error) {
 
 // copyFromStream copies until end of stream, giving up when ctx ends.
 func copyFromStream(ctx context.Context, w io.Writer, st *channel.Stream) (int64, error) {
-	buf := make([]byte, 32<<10)
+	// A read takes whatever has arrived, up to the buffer, across frames:
+	// a large buffer means fewer writes to w when the guest is ahead.
+	buf := make([]byte, 256<<10)
 	var n int64
 	for {
 		k, err := st.ReadContext(ctx, buf)
@@ -376,26 +378,30 @@ func copyFromStream(ctx context.Context, w io.Writer, st *channel.Stream) (int64
 	}
 }
 
-// copyContext copies r into the stream, giving up when ctx ends.
+// copyContext copies r into the stream, giving up when ctx ends. Each
+// read goes straight into the payload of the frame that carries it.
 func copyContext(ctx context.Context, st *channel.Stream, r io.Reader) (int64, error) {
-	buf := make([]byte, 32<<10)
 	var n int64
 	for {
-		k, err := r.Read(buf)
+		var rerr error
+		k, err := st.WriteFrom(ctx, func(p []byte) (int, error) {
+			var k int
+			k, rerr = r.Read(p)
+			return k, rerr
+		})
 		if k > 0 {
-			if _, werr := st.WriteContext(ctx, buf[:k]); werr != nil {
-				return n, werr
-			}
 			progress(ctx)
 			n += int64(k)
 		}
-		if err == io.EOF {
+		switch {
+		case err == nil:
+		case err != rerr:
+			return n, err // the stream's error, not the reader's
+		case err == io.EOF:
 			return n, nil
-		}
-		if errors.Is(err, ErrTooLarge) {
+		case errors.Is(err, ErrTooLarge):
 			return n, err
-		}
-		if err != nil {
+		default:
 			return n, fmt.Errorf("reading: %w", err)
 		}
 	}
