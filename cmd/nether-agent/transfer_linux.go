@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -170,11 +171,20 @@ func replaceable(path string) error {
 
 // receive copies the stream into dst until the host's CloseWrite. A reset,
 // a closed channel or more than max bytes (when max > 0) end it with an
-// error. Each frame's payload is written to dst as it arrived
-// (Stream.WriteTo): no copy of the bytes in between.
+// error.
+//
+// The payloads (Stream.WriteTo hands them over as they arrived) are
+// gathered into writes of putWrite bytes: a frame's payload is not a
+// whole number of pages, and in a TCG guest a 64 MiB put spent 0.15-0.45 s
+// less with whole, page-aligned 256 KiB writes than with one write per
+// payload (a copy in memory costs far less than that).
 func receive(dst *os.File, s *channel.Stream, path string, max int64) (int64, error) {
 	w := &fileSink{f: dst, path: path, max: max}
-	_, err := s.WriteTo(w)
+	bw := bufio.NewWriterSize(w, putWrite)
+	_, err := s.WriteTo(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
 	switch {
 	case w.err != nil:
 		return w.n, w.err
@@ -183,6 +193,9 @@ func receive(dst *os.File, s *channel.Stream, path string, max int64) (int64, er
 	}
 	return w.n, nil
 }
+
+// putWrite is the size of a put's writes to its file.
+const putWrite = 256 << 10
 
 // fileSink writes a put's bytes to its file, refusing any past max (when
 // max > 0), and keeps the error that ended it.
