@@ -818,3 +818,25 @@ func TestWriteToHandsOverEveryByte(t *testing.T) {
 		t.Fatalf("WriteTo of a reset stream: %v", err)
 	}
 }
+
+// TestSmallWriteSmallFrame: a small Write costs a frame of its own size,
+// not a full frame's buffer waiting in the resend queue.
+func TestSmallWriteSmallFrame(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	s, err := host.Open(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	accept(t, guest)
+	host.Freeze() // frames stay queued, unacknowledged
+	if _, err := s.Write([]byte("ten bytes!")); err != nil {
+		t.Fatal(err)
+	}
+	host.mu.Lock()
+	last := host.unacked[len(host.unacked)-1]
+	host.mu.Unlock()
+	if cap(last.enc) != headerLen+10 {
+		t.Fatalf("a 10-byte write queued a frame buffer of %d bytes", cap(last.enc))
+	}
+	host.Thaw()
+}

@@ -207,8 +207,11 @@ func (s *Stream) WriteContext(ctx context.Context, p []byte) (int, error) {
 	written := 0
 	for written < len(p) {
 		// Frames of MaxPayload here, not maxData: a caller writing 32 KiB
-		// at a time would otherwise send each write as two frames.
-		n, err := s.writeFrame(ctx, MaxPayload, func(b []byte) (int, error) {
+		// at a time would otherwise send each write as two frames. And no
+		// larger than what is left to write: the frame's buffer is
+		// allocated to that size.
+		limit := min(MaxPayload, len(p)-written)
+		n, err := s.writeFrame(ctx, limit, func(b []byte) (int, error) {
 			return copy(b, p[written:]), nil
 		})
 		written += n
