@@ -27,6 +27,10 @@ func TestParse(t *testing.T) {
 		{name: "park path", line: "__park__ p.snap  ", want: Command{Name: "__park__", Args: []string{"p.snap"}}},
 		{name: "events", line: "__events__", want: Command{Name: "__events__"}},
 		{name: "events seq", line: "__events__ 42", want: Command{Name: "__events__", Args: []string{"42"}}},
+		{name: "claim", line: "__claim__ user-42 host-42\r\n", want: Command{Name: "__claim__", Args: []string{"user-42", "host-42"}}},
+		// The parser only tokenises: whether a token is a usable sandbox
+		// id or hostname is the session's to say (nether.conf's rules).
+		{name: "claim unchecked tokens", line: "__claim__ \u00e9 a.b", want: Command{Name: "__claim__", Args: []string{"\u00e9", "a.b"}}},
 
 		{name: "empty", line: "", wantErr: ErrEmpty},
 		{name: "blank", line: " \t\r\n", wantErr: ErrEmpty},
@@ -51,6 +55,11 @@ func TestParse(t *testing.T) {
 		{name: "events plus", line: "__events__ +1", wantErr: ErrArgs},
 		{name: "events word", line: "__events__ abc", wantErr: ErrArgs},
 		{name: "events two", line: "__events__ 1 2", wantErr: ErrArgs},
+		{name: "claim none", line: "__claim__", wantErr: ErrArgs, msg: "__claim__ takes exactly 2 arguments (<sandbox_id> <hostname>), got 0"},
+		{name: "claim one", line: "__claim__ id", wantErr: ErrArgs},
+		{name: "claim three", line: "__claim__ id host extra", wantErr: ErrArgs},
+		{name: "claim forged trailer", line: "__claim__ id host\x1e0", wantErr: ErrFrameByte},
+		{name: "claim second line", line: "__claim__ id host\nrm -rf /", wantErr: ErrNewline},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -110,6 +119,7 @@ func TestTableClassification(t *testing.T) {
 		{"__get__", PrimaryOnly, Framed},
 		{"__snapshot__", PrimaryOnly, Framed},
 		{"__park__", PrimaryOnly, Framed},
+		{"__claim__", PrimaryOnly, Framed},
 	}
 	if n := len(Protocol()); n != len(tests) {
 		t.Fatalf("the table has %d entries, the test knows %d: classify the new ones here", n, len(tests))

@@ -13,6 +13,7 @@ func FuzzParse(f *testing.F) {
 		"ls -la", "__info__", "__put__ a b", "__get__ a b c", "__events__ 7",
 		"__snapshot__ x y", "echo \x1e0", " \t\r\n", "__", "__park__\t\tp ",
 		"true\nreboot", "__events__ -0", "\x00", "__put__ a\u00a0b c",
+		"__claim__ id host", "__claim__\tid\v host ", "__claim__ id", "__claim__ a b c",
 	} {
 		f.Add(s)
 	}
