@@ -32,6 +32,10 @@ type agent struct {
 	// seam: a test can hand get a source that never ends without
 	// having to read the guest kernel's log.
 	openSource func(path string) (fd int, size int64, err error)
+	// reseedCRNG mixes a seed into the kernel's pool and reseeds the
+	// CRNG; nil means reseedCRNG. A test seam: a test can serve reseed
+	// requests without reseeding the host it runs on.
+	reseedCRNG func(seed []byte) error
 	// gone is closed when run stops accepting: the channel closed.
 	gone chan struct{}
 	// serving counts requests being served.
@@ -98,6 +102,8 @@ func (a *agent) serve(s *channel.Stream) {
 		a.get(s, req)
 	case agentproto.OpRestored:
 		a.restored(s, req)
+	case agentproto.OpReseed:
+		a.reseed(s, req)
 	case agentproto.OpConnect:
 		a.connect(s, req)
 	case agentproto.OpListen:

@@ -43,6 +43,9 @@ import (
 // 2: the agent refuses host requests whose Epoch is not its session epoch.
 // 3: Command and Path travel as base64 (Text), byte for byte.
 // 4: the data and egress planes (OpConnect, OpListen, OpEgress).
+// (OpReseed came later without a bump: an agent that predates it refuses
+// it by name, so a host learns it cannot reseed that guest; nothing is
+// misread.)
 const Version = 4
 
 // Text is a string carried byte for byte. JSON strings must be UTF-8, and
@@ -87,6 +90,21 @@ const (
 	// naming it for as long as it lives (across snapshots: it is in
 	// guest memory).
 	OpEgress = "egress"
+	// OpReseed reseeds the guest kernel's CRNG, host -> agent: the agent
+	// mixes Seed (host randomness) into the kernel's entropy pool and
+	// forces a reseed from the pool before it answers "ok", so what the
+	// guest draws afterwards shares nothing with another guest restored
+	// from the same memory. A claim uses it: QEMU 7.2 cannot change the
+	// VM generation id of a running machine, which would do the same
+	// through the guest's vmgenid driver.
+	OpReseed = "reseed"
+)
+
+// The bounds of a reseed's Seed: at least a CRNG key's worth of
+// randomness, and no reason for more than a few.
+const (
+	MinSeed = 32
+	MaxSeed = 256
 )
 
 // Request is the metadata of every stream.
@@ -120,6 +138,9 @@ type Request struct {
 	Fork      bool   `json:"fork,omitempty"`
 	Hostname  string `json:"hostname,omitempty"`
 	MachineID string `json:"machine_id,omitempty"`
+	// Seed is what a reseed mixes into the guest's entropy pool:
+	// MinSeed to MaxSeed random bytes.
+	Seed Text `json:"seed,omitempty"`
 }
 
 // Encode returns the request as stream metadata.
@@ -135,7 +156,7 @@ func Decode(b []byte) (Request, error) {
 		return r, fmt.Errorf("decoding agent request: %w", err)
 	}
 	switch r.Op {
-	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen:
+	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen, OpReseed:
 	case OpEgress:
 		if !ValidConn(r.Conn) {
 			return r, fmt.Errorf("egress stream with a malformed conn id %q", truncate(r.Conn, 40))

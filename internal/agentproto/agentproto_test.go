@@ -38,6 +38,11 @@ func TestCheckEpoch(t *testing.T) {
 		{"restored handshake back to zero", Request{Op: OpRestored}, 5, ""},
 		{"hello", Request{Op: OpHello}, 5, ""},
 
+		// A reseed is the host's request like any other: an older
+		// session's is refused.
+		{"reseed", Request{Op: OpReseed, Seed: "s", Epoch: 5}, 5, ""},
+		{"stale reseed", Request{Op: OpReseed, Seed: "s", Epoch: 4}, 5, "stale session epoch 4 (agent serves 5)"},
+
 		// An operation nobody taught the rule fails closed.
 		{"unknown op", Request{Op: "future"}, 5, "stale session epoch 0 (agent serves 5)"},
 	}
@@ -78,6 +83,8 @@ func TestEpochOnTheWire(t *testing.T) {
 		{"get", Request{Op: OpGet, Path: "/f", Epoch: math.MaxUint64}, true},
 		{"poweroff", Request{Op: OpPoweroff, Epoch: 3}, true},
 		{"restored", Request{Op: OpRestored, Epoch: 42, Fork: true, Hostname: "h"}, true},
+		// The seed is random bytes, so it travels as Text, byte for byte.
+		{"reseed", Request{Op: OpReseed, Epoch: 42, Seed: "\x00\xff\xfe seed \x80"}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
