@@ -16,6 +16,11 @@
 // and exits 0. Files put into the guest, and the display's frame, live in
 // the fake's memory and cross captures.
 //
+// The fake agent's handshake sets what it carries, as the real one does:
+// the epoch it serves, the hostname and the machine-id (Epoch, Hostname,
+// MachineID). A reseed request is recorded (Reseeds) where the real agent
+// would mix its seed into the kernel's pool.
+//
 // A machine started with Spec.Display has a DisplayWidth x DisplayHeight
 // display, black at boot, read with Screendump.
 //
@@ -80,6 +85,9 @@ type Faults struct {
 	// AgentVersion is the protocol version the agent's hello claims; 0 is
 	// agentproto.Version.
 	AgentVersion int
+	// OldAgent: the agent predates reseed requests and refuses them as
+	// an unknown operation, as an agent built before them does.
+	OldAgent bool
 }
 
 // Engine makes fake machines.
@@ -180,6 +188,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (engine.Machine, e
 				in.Dir, engine.ErrDeviceMismatch, b2i(sec.NIC), b2i(spec.NIC))
 		}
 	} else {
+		m.hostname = cmdlineHostname(spec.Cmdline)
 		m.guest = channel.New(channel.Guest, e.Log)
 		m.guest.Attach(guestCh, true)
 		m.startAgent()
@@ -214,6 +223,12 @@ type Machine struct {
 	epoch   uint64
 	paused  bool
 	frame   *framebuf.Image // the display; nil without one
+	// The guest's identity as its agent set it: the hostname (the boot
+	// command line's, then each handshake's) and /etc/machine-id.
+	hostname, machineID string
+	// seeds are the seeds of the reseed requests the agent served, in
+	// order.
+	seeds [][]byte
 
 	// The NIC's frame channel (nil without Spec.NIC): a new pair for
 	// every machine, a restore's too, as QEMU's.
@@ -228,10 +243,12 @@ var _ engine.Machine = (*Machine)(nil)
 
 // state is what a fake capture writes: the guest's memory, in short.
 type state struct {
-	Guest json.RawMessage   `json:"guest"` // the guest half of the channel
-	Files map[string][]byte `json:"files"`
-	Epoch uint64            `json:"epoch"`
-	Frame *framebuf.Image   `json:"frame,omitempty"` // the display's memory
+	Guest     json.RawMessage   `json:"guest"` // the guest half of the channel
+	Files     map[string][]byte `json:"files"`
+	Epoch     uint64            `json:"epoch"`
+	Frame     *framebuf.Image   `json:"frame,omitempty"` // the display's memory
+	Hostname  string            `json:"hostname,omitempty"`
+	MachineID string            `json:"machine_id,omitempty"`
 }
 
 // section is the fake engine's metadata in an artifact.
@@ -355,6 +372,56 @@ func (m *Machine) Err() error {
 	}
 }
 
+// SetFaults changes what this running machine does from now on (its
+// engine's SetFaults reaches only machines started later).
+func (m *Machine) SetFaults(f Faults) {
+	m.mu.Lock()
+	m.faults = f
+	m.mu.Unlock()
+}
+
+func (m *Machine) fault() Faults {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.faults
+}
+
+// Reseeds returns the seeds of the reseed requests the agent served, in
+// order: the real agent mixes each into the kernel's entropy pool and
+// reseeds the CRNG from it.
+func (m *Machine) Reseeds() [][]byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([][]byte(nil), m.seeds...)
+}
+
+// Hostname is the guest's hostname: the boot command line's, or the
+// last handshake's that carried one.
+func (m *Machine) Hostname() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.hostname
+}
+
+// MachineID is the guest's /etc/machine-id as the last handshake that
+// carried one set it ("" before any).
+func (m *Machine) MachineID() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.machineID
+}
+
+// cmdlineHostname is the hostname a boot's kernel command line hands the
+// agent (nether.hostname=).
+func cmdlineHostname(cmdline string) string {
+	for _, f := range strings.Fields(cmdline) {
+		if h, ok := strings.CutPrefix(f, "nether.hostname="); ok {
+			return h
+		}
+	}
+	return ""
+}
+
 // Epoch is the session epoch the fake agent serves.
 func (m *Machine) Epoch() uint64 {
 	m.mu.Lock()
@@ -454,7 +521,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 	if err := m.frozen(ctx); err != nil {
 		return engine.Captured{}, err
 	}
-	if m.faults.DieInCapture {
+	if m.fault().DieInCapture {
 		m.Crash()
 		return engine.Captured{}, errors.New("fake engine died during capture")
 	}
@@ -463,7 +530,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return engine.Captured{}, err
 	}
 	m.mu.Lock()
-	st := state{Guest: guest, Files: m.files, Epoch: m.epoch, Frame: m.frame}
+	st := state{Guest: guest, Files: m.files, Epoch: m.epoch, Frame: m.frame, Hostname: m.hostname, MachineID: m.machineID}
 	b, err := json.Marshal(st)
 	m.mu.Unlock()
 	if err != nil {
@@ -514,6 +581,7 @@ func (m *Machine) LoadIncoming(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	m.files, m.epoch, m.paused = st.Files, st.Epoch, true
+	m.hostname, m.machineID = st.Hostname, st.MachineID
 	if m.spec.Display {
 		if st.Frame == nil || st.Frame.Check() != nil {
 			m.mu.Unlock()
@@ -538,7 +606,7 @@ func (m *Machine) Quit(ctx context.Context) error {
 }
 
 func (m *Machine) hello() {
-	v := m.faults.AgentVersion
+	v := m.fault().AgentVersion
 	if v == 0 {
 		v = agentproto.Version
 	}
@@ -604,18 +672,39 @@ func (m *Machine) serve(st *channel.Stream) {
 		st.Write(b)
 		st.CloseWrite(agentproto.OKStatus(int64(len(b))))
 	case agentproto.OpRestored:
-		switch {
-		case m.faults.DieInHandshake:
+		switch f := m.fault(); {
+		case f.DieInHandshake:
 			m.Crash()
 			return
-		case m.faults.HangHandshake:
+		case f.HangHandshake:
 			<-m.done
 			return
 		}
+		// As the real agent: a handshake sets what it carries (a fork's
+		// hostname and machine-id) and the epoch.
 		m.mu.Lock()
 		m.epoch = req.Epoch
+		if req.Hostname != "" {
+			m.hostname = req.Hostname
+		}
+		if req.MachineID != "" {
+			m.machineID = req.MachineID
+		}
 		m.mu.Unlock()
 		st.CloseWrite([]byte(fmt.Sprintf("ok %d", req.Epoch)))
+	case agentproto.OpReseed:
+		if m.fault().OldAgent {
+			st.Reset(fmt.Sprintf("unknown agent operation %q", req.Op))
+			return
+		}
+		if len(req.Seed) < agentproto.MinSeed {
+			st.Reset(fmt.Sprintf("reseed: a seed of %d bytes is too short (at least %d)", len(req.Seed), agentproto.MinSeed))
+			return
+		}
+		m.mu.Lock()
+		m.seeds = append(m.seeds, []byte(req.Seed))
+		m.mu.Unlock()
+		st.CloseWrite([]byte("ok"))
 	case agentproto.OpPoweroff:
 		st.CloseWrite([]byte("ok 0"))
 		m.end(nil)
