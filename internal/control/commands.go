@@ -46,6 +46,7 @@ var handlers = map[string]handler{
 	"__shutdown__":   {drive: (*task).shutdown},
 	"__snapshot__":   {drive: (*task).capture},
 	"__park__":       {drive: (*task).capture},
+	"__claim__":      {drive: (*task).claim},
 	cmdline.Shell:    {drive: (*task).shell},
 }
 

@@ -21,7 +21,7 @@ import (
 // this list, the handlers and, for a new verb, cmdline's table.
 var servedNames = []string{
 	"__info__", "__stats__", "__help__", "__put__", "__get__",
-	"__shutdown__", "__snapshot__", "__park__", cmdline.Shell,
+	"__shutdown__", "__snapshot__", "__park__", "__claim__", cmdline.Shell,
 	"__events__", "__cmdlog__", "__netlog__", "__screen__", "__screendiff__", "__frame__", "__framediff__",
 }
 
@@ -185,14 +185,14 @@ func TestRootContext(t *testing.T) {
 		fb.up()
 		h := start(t, fb, 0, nil)
 		c := h.dial(t)
-		for _, line := range []string{"echo x", "__put__ a b", "__get__ a b", "__snapshot__ s", "__park__ p"} {
+		for _, line := range []string{"echo x", "__put__ a b", "__get__ a b", "__snapshot__ s", "__park__ p", "__claim__ a b"} {
 			if got := c.roundTrip(line); !strings.HasSuffix(got, "\x1e0\n") {
 				t.Fatalf("%q: %q", line, got)
 			}
 		}
 		// Each call's context is released when its command ends, so
 		// being done proves nothing; carrying the root's value does.
-		for _, m := range []string{"WaitAgent", "Exec", "Put", "Get", "Snapshot", "Park"} {
+		for _, m := range []string{"WaitAgent", "Exec", "Put", "Get", "Snapshot", "Park", "Claim"} {
 			ctxs := fb.contexts(m)
 			if len(ctxs) == 0 {
 				t.Fatalf("%s was never called", m)

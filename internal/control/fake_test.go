@@ -263,6 +263,22 @@ func (f *fakeBackend) Park(ctx context.Context, path string) (string, error) {
 
 func (f *fakeBackend) FinishPark() { f.parks.Add(1) }
 
+// Claim succeeds unless the sandbox id is "fail"; it records what it was
+// given. It never waits for the agent: the session decides whether a
+// sandbox is ready to be claimed.
+func (f *fakeBackend) Claim(ctx context.Context, sandboxID, hostname string) (string, error) {
+	if f.record("Claim", ctx) {
+		return "", f.wait(ctx)
+	}
+	f.mu.Lock()
+	f.captures = append(f.captures, "claim "+sandboxID+" "+hostname)
+	f.mu.Unlock()
+	if sandboxID == "fail" {
+		return "", errors.New("only a fork of a base can be claimed;\nthis sandbox booted")
+	}
+	return "OK claimed " + sandboxID + " " + hostname, nil
+}
+
 func (f *fakeBackend) Screen() ([]byte, error) { return f.term.Screen(), nil }
 
 func (f *fakeBackend) ScreenDiff(v *screen.View) ([]byte, error) { return f.term.Diff(v), nil }

@@ -80,6 +80,10 @@ type Backend interface {
 	// reply is written the server calls FinishPark, which ends the process.
 	Park(ctx context.Context, path string) (string, error)
 	FinishPark()
+	// Claim gives a restored fork the identity a warm pool hands it
+	// (sandbox id, hostname; the backend adds what goes with them) and
+	// returns the OK line; it refuses, saying why, anything else.
+	Claim(ctx context.Context, sandboxID, hostname string) (string, error)
 	// Screen renders the console's terminal (__screen__), and ScreenDiff
 	// the rows changed since v was last used (__screendiff__).
 	Screen() ([]byte, error)

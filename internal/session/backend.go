@@ -93,6 +93,7 @@ func (s *Session) Info() string {
 		backend = "-"
 	}
 	onOff := map[bool]string{true: "on", false: "off"}
+	zeroOne := map[bool]int{true: 1, false: 0}
 	dash := func(s string) string {
 		if s == "" {
 			return "-"
@@ -114,6 +115,7 @@ func (s *Session) Info() string {
 		{"parent", dash(v.parent)},
 		{"generation", v.identity.Generation},
 		{"snapshot", dash(v.snapshot)},
+		{"claimed", zeroOne[v.claimed]},
 		{"net", onOff[s.cfg.Net]},
 		{"firewall", onOff[s.cfg.Net && !s.cfg.NetOpen]},
 		{"gpu", onOff[s.cfg.GPU]},

@@ -149,7 +149,10 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	s.netComp.resetCarried()
 	s.life("restored backend=%s accel=%s", info.Backend, accel)
 	go s.watchAgent()
-	go s.setEgressListener(true)
+	go func() {
+		s.setEgressListener(true)
+		close(s.restored)
+	}()
 	return nil
 }
 
@@ -187,6 +190,9 @@ func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components) 
 		}
 	}()
 	close(s.ready)
+	if s.opt.installed != nil {
+		s.opt.installed(s)
+	}
 }
 
 // restoring is an artifact being restored.
@@ -465,8 +471,10 @@ func tail(s string, n int) string {
 	return s
 }
 
-func randomHex(n int) string {
+func randomHex(n int) string { return hex.EncodeToString(randomBytes(n)) }
+
+func randomBytes(n int) []byte {
 	b := make([]byte, n)
 	rand.Read(b)
-	return hex.EncodeToString(b)
+	return b
 }

@@ -86,6 +86,10 @@ type Options struct {
 	// observation costs (bench/observe builds nether with the
 	// nether_unobserved tag); a platform has no reason to set it.
 	Unobserved bool
+	// installed, when set, is called with the session once its machine
+	// is installed: the unit tests' way to the channel, to send what a
+	// host of an older session would. Nothing else sets it.
+	installed func(*Session)
 }
 
 // Session is a running sandbox.
@@ -125,6 +129,10 @@ type Session struct {
 	// its end; set by assemble with the machine.
 	consoleDone <-chan struct{}
 	ready       chan struct{}
+	// restored is closed once a restore has finished: the handshake is
+	// done and the guest's egress listener set as nether.conf wants. A
+	// claim is refused before.
+	restored chan struct{}
 
 	mu   sync.Mutex // guards view
 	view view       // what __info__ reports; changes as the session assembles
@@ -142,6 +150,7 @@ type view struct {
 	identity snapshot.Identity
 	snapshot string // the artifact restored from, "" for a boot
 	parent   string
+	claimed  bool // a __claim__ gave this fork its identity
 }
 
 // errStopping is the cause of the root context's cancellation.
@@ -160,7 +169,7 @@ func Run(opt Options) int {
 	}
 	s := &Session{
 		opt: opt, cfg: opt.Config, log: opt.Log,
-		stopCh: make(chan string, 1), ready: make(chan struct{}),
+		stopCh: make(chan string, 1), ready: make(chan struct{}), restored: make(chan struct{}),
 	}
 	s.meter = meter.New(opt.Now, s.cfg.RAMMB, s.cfg.CPUs)
 	// Who the sandbox is is known before anything starts, so __info__
