@@ -347,3 +347,81 @@ func TestNexusKill9(t *testing.T) {
 		})
 	}
 }
+
+type nxPool struct {
+	Snapshot             string
+	Size, Members, Ready int
+}
+
+func (x *nx) pool(snap string) nxPool {
+	x.t.Helper()
+	var ps []nxPool
+	if err := json.Unmarshal([]byte(x.must("pool", "ls", "--json")), &ps); err != nil {
+		x.t.Fatal(err)
+	}
+	for _, p := range ps {
+		if p.Snapshot == snap {
+			return p
+		}
+	}
+	return nxPool{}
+}
+
+// TestNexusPool: a fork of a snapshot with a warm pool claims members;
+// every claim gets an identity no other member or claim had; the pool
+// is topped up behind the claims; a snapshot with a pool is not removed.
+func TestNexusPool(t *testing.T) {
+	x := newNexus(t)
+	x.must("create", "--name", "pbase", "--ram-mb", "256", "--start")
+	snap := strings.TrimSpace(x.must("snapshot", "create", "pbase", "pwarm"))
+	x.must("pool", "set", "pwarm", "--size", "3")
+	if p := x.pool(snap); p.Size != 3 || p.Members != 3 {
+		t.Fatalf("after pool set --size 3: %+v", p)
+	}
+	members := map[string]bool{}
+	for _, sb := range x.list() {
+		if sb.Pool != "" {
+			members[sb.ID] = true
+		}
+	}
+	t0 := time.Now()
+	kids := strings.Fields(x.must("fork", "pwarm", "-n", "3", "--name", "claimed"))
+	t.Logf("three claims took %s", time.Since(t0).Round(time.Millisecond))
+	seen := map[string]map[string]bool{"hostname": {}, "machine-id": {}, "urandom": {}}
+	for i, id := range kids {
+		if !members[id] {
+			t.Errorf("child %s was not a pool member: the fork restored instead of claiming", id)
+		}
+		sb := x.inspect(id)
+		want := fmt.Sprintf("claimed-%d", i+1)
+		if sb.Name != want || sb.Pool != "" || sb.State != "running" || sb.Hostname != want {
+			t.Errorf("claimed child: %+v", sb)
+		}
+		if h := strings.TrimSpace(x.must("exec", id, "--", "hostname")); h != want {
+			t.Errorf("claimed child's guest hostname %q, want %q", h, want)
+		}
+		for what, cmd := range map[string]string{"hostname": "hostname", "machine-id": "cat /etc/machine-id", "urandom": "head -c 16 /dev/urandom | od -An -tx1"} {
+			v := x.must("exec", id, "--", cmd)
+			if seen[what][v] {
+				t.Errorf("%s: %s %q is another claim's too", id, what, v)
+			}
+			seen[what][v] = true
+		}
+	}
+	// Topped up behind the claims, by a detached nexus pool fill.
+	deadline := time.Now().Add(2 * time.Minute)
+	for x.pool(snap).Ready < 3 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if p := x.pool(snap); p.Ready != 3 {
+		t.Fatalf("the pool was not topped up: %+v", p)
+	}
+	x.refused(1, []string{"snapshot", "rm", "pwarm"}, "in use by 3 sandbox(es)")
+	x.must(append([]string{"rm", "--force"}, kids...)...)
+	x.refused(1, []string{"snapshot", "rm", "pwarm"}, "has a warm pool of 3")
+	x.must("pool", "set", "pwarm", "--size", "0")
+	x.must("snapshot", "rm", "pwarm")
+	if left := x.list(); len(left) != 1 {
+		t.Errorf("after emptying the pool: %+v", left)
+	}
+}
