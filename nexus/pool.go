@@ -216,12 +216,19 @@ func (n *Nexus) ready(sb *Sandbox) bool {
 	return c.Info()["agent"] == "connected"
 }
 
-// TopUp refills snapID's pool without making the caller wait: in a
-// detached `nexus pool fill` when the caller is a command that is about
+// refillDelay is how long a refill waits after a claim. A restore is
+// heavy (an engine process, its memory mapped in) and the claimed child's
+// first requests come at once: on a small host the refill would take the
+// CPU they need. A pool drained faster than this refills later; forks
+// then restore cold, as without a pool.
+const refillDelay = 2 * time.Second
+
+// topUp refills snapID's pool after refillDelay without making the caller
+// wait: in a detached `nexus pool fill` when the caller is a command about
 // to exit (Options.SelfForFill), else on a goroutine.
 func (n *Nexus) topUp(snapID string) {
 	if n.self != "" {
-		cmd := exec.Command(n.self, "--state-dir", n.dir, "pool", "fill", snapID)
+		cmd := exec.Command(n.self, "--state-dir", n.dir, "pool", "fill", "--after", refillDelay.String(), snapID)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 		cmd.Env = os.Environ()
 		if n.nether != "" {
@@ -233,6 +240,7 @@ func (n *Nexus) topUp(snapID string) {
 		}
 	}
 	go func() {
+		time.Sleep(refillDelay)
 		if err := n.fillPool(context.Background(), snapID); err != nil {
 			n.log.Error("topping up a pool", "snapshot", snapID, "err", err)
 		}

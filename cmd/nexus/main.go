@@ -482,6 +482,22 @@ func (a *app) poolCmd() *cobra.Command {
 		},
 	}
 	set.Flags().IntVar(&size, "size", 0, "members to keep warm")
+	var after time.Duration
+	fill := &cobra.Command{
+		Use:    "fill SNAPSHOT",
+		Short:  "Bring a pool to its size (nexus runs it in the background after a claim)",
+		Args:   args(1),
+		Hidden: true,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			select {
+			case <-time.After(after):
+			case <-cmd.Context().Done():
+				return cmd.Context().Err()
+			}
+			return a.n.PoolFill(cmd.Context(), args[0])
+		},
+	}
+	fill.Flags().DurationVar(&after, "after", 0, "wait this long first")
 	cmd.AddCommand(set, &cobra.Command{
 		Use:   "ls",
 		Short: "List pools",
@@ -501,15 +517,7 @@ func (a *app) poolCmd() *cobra.Command {
 				}
 			})
 		},
-	}, &cobra.Command{
-		Use:    "fill SNAPSHOT",
-		Short:  "Bring a pool to its size (nexus runs it in the background after a claim)",
-		Args:   args(1),
-		Hidden: true,
-		RunE: func(cmd *cobra.Command, args []string) error {
-			return a.n.PoolFill(cmd.Context(), args[0])
-		},
-	})
+	}, fill)
 	return cmd
 }
 
