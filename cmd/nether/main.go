@@ -80,6 +80,11 @@ park and exits. A new nether restores either from its own directory:
   park_dirty        park even with bytes a plane holds undelivered (0)
   fork_reseed       new vmgenid generation per restore, so the guest
                     reseeds its CRNG (default 1)
+Warm pools (control mode): __claim__ <sandbox_id> <hostname> hands a
+restored fork to a user, once: the id and hostname handed in, a fresh
+machine-id and session epoch, and a CRNG reseed (fork_reseed or not);
+OK claimed <sandbox_id> <hostname>, or ERR claim: <why> for a boot, a
+woken park, a second claim, a restore not finished or a command running.
 validate_snapshot = <path> checks an artifact without booting and exits:
 0 with a one-line summary (kind=base or kind=park), 1 with the problem.
 
