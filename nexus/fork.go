@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"sync"
@@ -194,6 +195,9 @@ func (n *Nexus) birth(ctx context.Context, snap *Snapshot, parent string, names 
 			if err == nil {
 				err = n.launch(ctx, sb, snap.Dir)
 			}
+			if err == nil && pool != "" {
+				err = n.warm(ctx, sb)
+			}
 			if err == nil {
 				err = n.release(sb)
 			}
@@ -229,4 +233,23 @@ func (n *Nexus) unbirth(tx *store.Tx, sb *Sandbox) error {
 		return err
 	}
 	return os.RemoveAll(n.sandboxDir(sb.ID))
+}
+
+// warm runs a pool member's first commands before anyone claims it: a
+// restored guest's memory comes in from the snapshot page by page as it
+// is touched, and the first exec of a shell touches many pages (130 ms
+// of a claim's first command on 2 cores under TCG, measured). The claim
+// then finds a guest whose shell is already in memory.
+func (n *Nexus) warm(ctx context.Context, sb *Sandbox) error {
+	c, err := n.dial(ctx, sb)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	for range 2 {
+		if code, err := c.Run(ctx, "true", io.Discard); err != nil || code != 0 {
+			return fmt.Errorf("sandbox %s: warming its shell: exit %d, %v", sb.Ref(), code, err)
+		}
+	}
+	return nil
 }

@@ -15,9 +15,9 @@ import (
 
 // A warm pool keeps children of a snapshot restored and running, so a
 // fork of that snapshot is a claim: one member takes the identity of the
-// child asked for (nether's __claim__: a hostname, machine-id, VM
-// generation and session epoch no member or earlier claim had) and the
-// pool is topped up behind it. A member's sandbox id is minted for it and
+// child asked for (nether's __claim__: a hostname, machine-id, session
+// epoch and a CRNG reseeded from host randomness, none of which another
+// member or an earlier claim had) and the pool is topped up behind it. A member's sandbox id is minted for it and
 // never shown before the claim, so the claimed child keeps it.
 
 // PoolSet sets snapshot ref's pool to size members (0 empties it) and
@@ -47,7 +47,7 @@ func (n *Nexus) PoolSet(ctx context.Context, ref string, size int) (*store.Pool,
 type PoolStatus struct {
 	store.Pool
 	Members int `json:"members"` // restored or restoring
-	Ready   int `json:"ready"`   // answering: claimable now
+	Ready   int `json:"ready"`   // their guests answer: claimable now
 }
 
 // Pools lists the pools with their members.
@@ -65,7 +65,7 @@ func (n *Nexus) Pools(ctx context.Context) ([]*PoolStatus, error) {
 			}
 			st := &PoolStatus{Pool: *p, Members: len(ms)}
 			for _, sb := range ms {
-				if sb.Lease == nil && alive(sb.PID, sb.PIDStart) {
+				if sb.Lease == nil && alive(sb.PID, sb.PIDStart) && n.ready(sb) {
 					st.Ready++
 				}
 			}

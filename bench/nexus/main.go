@@ -86,6 +86,9 @@ func main() {
 		t0 := time.Now()
 		kids, err := nx.Fork(ctx, nexus.ForkRequest{From: "warm"})
 		check(err)
+		if kids[0].Pool != "" || kids[0].Created.After(t0) {
+			fail(fmt.Errorf("the fork restored a new child instead of claiming a pool member"))
+		}
 		check(firstCommand(state, kids[0]))
 		warm = append(warm, time.Since(t0))
 		t0 = time.Now()
