@@ -17,6 +17,7 @@ const (
 	KindBusy      = "busy"               // another operation holds the record
 	KindNameTaken = "name_taken"         // the name belongs to another record
 	KindBadInput  = "bad_request"        // the request itself is malformed; nothing was touched
+	KindInUse     = "in_use"             // a snapshot that sandboxes or a warm pool still depend on
 	KindInternal  = "internal"           // anything else: a guest that did not come up, a damaged store, ...
 )
 
@@ -37,6 +38,8 @@ func Kind(err error) string {
 		return KindBusy
 	case errors.Is(err, store.ErrNameTaken):
 		return KindNameTaken
+	case errors.Is(err, ErrInUse):
+		return KindInUse
 	case errors.Is(err, ErrInvalid), errors.Is(err, store.ErrAmbiguous), errors.Is(err, client.ErrInvalidCommand):
 		return KindBadInput
 	}

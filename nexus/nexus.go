@@ -162,6 +162,9 @@ func (n *Nexus) sockPath(sb *Sandbox) string { return filepath.Join(n.sandboxDir
 var (
 	ErrNotFound = store.ErrNotFound
 	ErrBusy     = errors.New("busy")
+	// ErrInUse is a snapshot removal refused because sandboxes (or its
+	// warm pool) still depend on it.
+	ErrInUse = errors.New("in use")
 )
 
 // leaseTTL bounds a lease: an operation that outlives it (a nexus that
@@ -256,10 +259,15 @@ func (n *Nexus) Reconcile(ctx context.Context) error {
 		}
 		known := map[int]bool{}
 		dirs := map[string]bool{}
+		leased := map[string]bool{}
 		for _, sb := range sbs {
 			dirs[n.sandboxDir(sb.ID)] = true
 			if sb.Lease.Live(now) {
+				// Its operation may have started a nether whose pid
+				// it has not written yet: whatever runs in its
+				// directory is that operation's.
 				known[sb.PID] = true
+				leased[n.sandboxDir(sb.ID)] = true
 				continue
 			}
 			changed := sb.Lease != nil
@@ -296,7 +304,7 @@ func (n *Nexus) Reconcile(ctx context.Context) error {
 			}
 		}
 		for pid, cwd := range nethersUnder(filepath.Join(n.dir, sandboxesDir)) {
-			if known[pid] {
+			if known[pid] || leased[cwd] {
 				continue
 			}
 			n.log.Warn("stopping a nether no record knows (its nexus died while starting it)", "pid", pid, "dir", cwd)

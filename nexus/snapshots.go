@@ -214,10 +214,10 @@ func (n *Nexus) SnapshotRemove(ctx context.Context, ref string) error {
 			users = append(users, sb.Ref())
 		}
 		if len(users) > 0 {
-			return fmt.Errorf("snapshot %s is in use by %d sandbox(es): %s; remove them first", s.Ref(), len(users), strings.Join(users, ", "))
+			return &inUseError{fmt.Sprintf("snapshot %s is in use by %d sandbox(es): %s; remove them first", s.Ref(), len(users), strings.Join(users, ", "))}
 		}
 		if pooled > 0 {
-			return fmt.Errorf("snapshot %s has a warm pool of %d; empty it first (nexus pool set %s --size 0)", s.Ref(), pooled, s.Ref())
+			return &inUseError{fmt.Sprintf("snapshot %s has a warm pool of %d; empty it first (nexus pool set %s --size 0)", s.Ref(), pooled, s.Ref())}
 		}
 		dir = s.Dir
 		return tx.DeleteSnapshot(s)
@@ -227,3 +227,10 @@ func (n *Nexus) SnapshotRemove(ctx context.Context, ref string) error {
 	}
 	return os.RemoveAll(dir)
 }
+
+// inUseError is a refused removal: its message names the dependents, and
+// it is ErrInUse to errors.Is.
+type inUseError struct{ msg string }
+
+func (e *inUseError) Error() string        { return e.msg }
+func (e *inUseError) Is(target error) bool { return target == ErrInUse }

@@ -33,7 +33,7 @@ const maxJSON = 1 << 20
 
 // Error kinds of the API's own, beside nexus.Kind's.
 const (
-	kindInUse     = "in_use"             // a snapshot sandboxes or a warm pool still depend on
+	kindInUse     = nexus.KindInUse
 	kindForbidden = "forbidden"          // a client of another user
 	kindMethod    = "method_not_allowed" // a known path, another method
 )

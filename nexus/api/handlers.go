@@ -275,20 +275,11 @@ func (s *server) snapshotInspect(w http.ResponseWriter, r *http.Request) error {
 
 func (s *server) snapshotRemove(w http.ResponseWriter, r *http.Request) error {
 	ref := r.PathValue("ref")
-	err := s.n.SnapshotRemove(r.Context(), ref)
-	if err == nil {
-		w.WriteHeader(http.StatusNoContent)
-		return nil
+	if err := s.n.SnapshotRemove(r.Context(), ref); err != nil {
+		return err // in use: nexus.KindInUse, 409
 	}
-	if nexus.Kind(err) == nexus.KindInternal {
-		// nexus refuses a snapshot that sandboxes or a warm pool depend
-		// on with an error that names them but has no kind; the refusal
-		// is told from a failure by the dependents still being there.
-		if snap, ierr := s.n.SnapshotInspect(r.Context(), ref); ierr == nil && len(snap.Refs) > 0 {
-			return &apiError{status: http.StatusConflict, kind: kindInUse, err: err}
-		}
-	}
-	return err
+	w.WriteHeader(http.StatusNoContent)
+	return nil
 }
 
 // forkBody is POST /v1/forks.
