@@ -131,7 +131,11 @@ func (m *Mux) Attach(rw io.ReadWriter, persistent bool) {
 	}
 	m.cond.Broadcast()
 	m.mu.Unlock()
-	go m.readLoop(rw, gen, persistent)
+	var r io.Reader = rw
+	if port := newPortReader(rw); port != nil {
+		r = port
+	}
+	go m.readLoop(r, gen, persistent)
 }
 
 // resendLocked is a write queue of every unacknowledged frame.
