@@ -77,21 +77,33 @@ func TestCreditStopsAFloodingWriter(t *testing.T) {
 	host, guest, _, _ := pair(t)
 	s, _ := host.Open(nil)
 	accept(t, guest) // the peer never reads
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	done := make(chan int)
 	go func() {
-		n, _ := s.WriteContext(ctxTimeout(t, 300*time.Millisecond), make([]byte, 4*Window))
+		n, _ := s.WriteContext(ctx, make([]byte, 4*Window))
 		done <- n
 	}()
+	// Once the window is spent, give a writer that ignores credit time
+	// to show it, then stop the writer. (Not a fixed deadline for the
+	// whole window: a loaded machine under -race may take long to write
+	// it.)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		host.mu.Lock()
+		c := s.credit
+		host.mu.Unlock()
+		if c == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	cancel()
 	n := <-done
 	if n != Window {
 		t.Fatalf("wrote %d bytes without the reader reading, want exactly one window (%d)", n, Window)
 	}
-}
-
-func ctxTimeout(t *testing.T, d time.Duration) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
 }
 
 func TestResetReachesBothSides(t *testing.T) {
