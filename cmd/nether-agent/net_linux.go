@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -173,6 +174,29 @@ func routeRequest(seq uint32, index int, gw netip.Addr) []byte {
 	oif := binary.NativeEndian.AppendUint32(nil, uint32(index))
 	return nlMessage(unix.RTM_NEWROUTE, newFlags, seq, body,
 		nlAttr{unix.RTA_GATEWAY, g[:]}, nlAttr{unix.RTA_OIF, oif})
+}
+
+// setMAC gives interface name the hardware address mac, while it is up
+// (virtio-net changes it live, through its control queue).
+func setMAC(name, mac string) error {
+	hw, err := net.ParseMAC(mac)
+	if err != nil || len(hw) != 6 {
+		return fmt.Errorf("%q is not an Ethernet address", mac)
+	}
+	index, err := waitInterface(name, 0)
+	if err != nil {
+		return err
+	}
+	return netlinkDo(linkAddressRequest(1, index, hw))
+}
+
+// linkAddressRequest is RTM_SETLINK setting interface index's hardware
+// address, as `ip link set dev eth0 address ...` asks.
+func linkAddressRequest(seq uint32, index int, hw net.HardwareAddr) []byte {
+	body := make([]byte, unix.SizeofIfInfomsg)
+	body[0] = unix.AF_UNSPEC
+	binary.NativeEndian.PutUint32(body[4:], uint32(index))
+	return nlMessage(unix.RTM_SETLINK, unix.NLM_F_REQUEST|unix.NLM_F_ACK, seq, body, nlAttr{unix.IFLA_ADDRESS, hw})
 }
 
 // netlinkDo sends each request to the kernel's routing netlink in turn

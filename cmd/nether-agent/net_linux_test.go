@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -50,6 +51,10 @@ func TestNetlinkRequests(t *testing.T) {
 			02 00 00 00 fe 03 00 01 00000000
 			0800 0500 0a000202
 			0800 0400 03000000`},
+		{"link address", linkAddressRequest(5, 3, net.HardwareAddr{0x02, 0x6e, 0x65, 0x74, 0x68, 0x72}), `
+			2c000000 1300 0500 05000000 00000000
+			00 00 0000 03000000 00000000 00000000
+			0a00 0100 026e65746872 0000`},
 		{"padding", nlMessage(0x10, unix.NLM_F_REQUEST, 9, []byte{1, 2}, nlAttr{3, []byte{0xaa}}, nlAttr{4, nil}), `
 			20000000 1000 0100 09000000 00000000
 			0102 0000

@@ -192,6 +192,11 @@ func (a *agent) restored(s *channel.Stream, req agentproto.Request) {
 			errs = append(errs, "machine-id: "+err.Error())
 		}
 	}
+	if req.MAC != "" {
+		if err := setMAC(netIface, req.MAC); err != nil {
+			errs = append(errs, "mac: "+err.Error())
+		}
+	}
 	a.epoch.Store(req.Epoch)
 	if len(errs) > 0 {
 		s.Reset("restore handshake: " + strings.Join(errs, "; "))

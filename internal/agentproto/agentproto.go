@@ -43,10 +43,12 @@ import (
 // 2: the agent refuses host requests whose Epoch is not its session epoch.
 // 3: Command and Path travel as base64 (Text), byte for byte.
 // 4: the data and egress planes (OpConnect, OpListen, OpEgress).
+// 5: OpRestored may carry a new MAC for eth0 (an older agent would drop
+// it and keep the NIC's old address, which the host no longer reaches).
 // (OpReseed came later without a bump: an agent that predates it refuses
 // it by name, so a host learns it cannot reseed that guest; nothing is
 // misread.)
-const Version = 4
+const Version = 5
 
 // Text is a string carried byte for byte. JSON strings must be UTF-8, and
 // encoding/json replaces every byte that is not with U+FFFD, so a command
@@ -138,6 +140,9 @@ type Request struct {
 	Fork      bool   `json:"fork,omitempty"`
 	Hostname  string `json:"hostname,omitempty"`
 	MachineID string `json:"machine_id,omitempty"`
+	// MAC is eth0's new hardware address (a fork with a network): each
+	// child's NIC gets its own, though it sits behind its own NAT.
+	MAC string `json:"mac,omitempty"`
 	// Seed is what a reseed mixes into the guest's entropy pool:
 	// MinSeed to MaxSeed random bytes.
 	Seed Text `json:"seed,omitempty"`

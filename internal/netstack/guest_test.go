@@ -60,13 +60,19 @@ func socketpair(t testing.TB) (host, guestEnd *os.File) {
 
 func newGuest(t testing.TB, link *os.File) *guest {
 	t.Helper()
+	return newGuestMAC(t, link, guestMAC)
+}
+
+// newGuestMAC is a guest whose NIC has the address mac.
+func newGuestMAC(t testing.TB, link *os.File, mac tcpip.LinkAddress) *guest {
+	t.Helper()
 	g := &guest{s: stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4},
 	})}
 	sack := tcpip.TCPSACKEnabled(true)
 	g.s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
-	g.ch = channel.New(1024, mtu, guestMAC)
+	g.ch = channel.New(1024, mtu, mac)
 	if err := g.s.CreateNIC(1, ethernet.New(g.ch)); err != nil {
 		t.Fatal(err)
 	}

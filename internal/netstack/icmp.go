@@ -56,7 +56,7 @@ func (n *Stack) ping(f []byte) bool {
 	} else {
 		reply = prohibited(ip)
 	}
-	n.io.Write(reply)
+	n.inject(reply)
 	return true
 }
 

@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 
 	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/header"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 )
 
@@ -55,7 +57,7 @@ func (n *Stack) inbound() {
 			return
 		}
 		frame := buf[:k]
-		if !fromGuest(frame) {
+		if !n.fromGuest(frame) {
 			n.dropped.Add(1)
 			continue
 		}
@@ -73,13 +75,15 @@ var guestIP = tcpip.AddrFrom4(GuestAddr.As4())
 
 // fromGuest accepts ARP and IPv4 frames sent from the guest's MAC whose
 // sender address is the guest's: anything else is spoofed or of a
-// protocol the guest's network does not carry.
-func fromGuest(f []byte) bool {
+// protocol the guest's network does not carry. The guest's MAC is the
+// NIC's, or the one SetGuestMAC gave it.
+func (n *Stack) fromGuest(f []byte) bool {
 	if len(f) < header.EthernetMinimumSize {
 		return false
 	}
 	eth := header.Ethernet(f)
-	if eth.SourceAddress() != guestMAC {
+	src := eth.SourceAddress()
+	if !n.isGuestMAC(src) {
 		return false
 	}
 	p := f[header.EthernetMinimumSize:]
@@ -87,7 +91,7 @@ func fromGuest(f []byte) bool {
 	case header.ARPProtocolNumber:
 		a := header.ARP(p)
 		return a.IsValid() && tcpip.AddrFromSlice(a.ProtocolAddressSender()) == guestIP &&
-			tcpip.LinkAddress(a.HardwareAddressSender()) == guestMAC
+			tcpip.LinkAddress(a.HardwareAddressSender()) == src
 	case header.IPv4ProtocolNumber:
 		ip := header.IPv4(p)
 		return ip.IsValid(len(p)) && ip.SourceAddress() == guestIP
@@ -119,4 +123,52 @@ func (n *Stack) outbound() {
 			n.log.Debug("writing a frame to the guest", "err", err)
 		}
 	}
+}
+
+// inject writes a frame the stack made by hand (an echo reply, a reset)
+// to the guest, addressed to its current MAC.
+func (n *Stack) inject(f []byte) {
+	if len(f) >= header.EthernetMinimumSize {
+		copy(f[:6], n.currentMAC())
+	}
+	n.io.Write(f)
+}
+
+func (n *Stack) currentMAC() tcpip.LinkAddress {
+	if m := n.mac.Load(); m != nil {
+		return *m
+	}
+	return guestMAC
+}
+
+// GuestMAC is the address SetGuestMAC gave the guest, or nil while it has
+// the NIC's first.
+func (n *Stack) GuestMAC() net.HardwareAddr {
+	if m := n.mac.Load(); m != nil {
+		return net.HardwareAddr(*m)
+	}
+	return nil
+}
+
+func (n *Stack) isGuestMAC(a tcpip.LinkAddress) bool {
+	return a == guestMAC || a == n.currentMAC()
+}
+
+// SetGuestMAC is the guest's new hardware address (a fork's own, which
+// its agent has just set): frames from it are the guest's, frames to the
+// guest go to it. The NIC's first address is still accepted from the
+// guest, for frames it sent before the change.
+func (n *Stack) SetGuestMAC(mac net.HardwareAddr) error {
+	if len(mac) != 6 || mac[0]&1 != 0 {
+		return fmt.Errorf("netstack: %s is not a unicast Ethernet address", mac)
+	}
+	la := tcpip.LinkAddress(mac)
+	n.mac.Store(&la)
+	// The stack may have learned the old address from the guest's ARP;
+	// it must send to the new one at once, without a round of ARP the
+	// guest has no reason to start.
+	if err := n.s.AddStaticNeighbor(nicID, ipv4.ProtocolNumber, guestIP, la); err != nil {
+		return fmt.Errorf("netstack: the guest's new MAC: %v", err)
+	}
+	return nil
 }

@@ -117,6 +117,7 @@ type Stack struct {
 	dns   *dnsServer
 	seqs  seqTable
 	pings pingLog
+	mac   atomic.Pointer[tcpip.LinkAddress] // the guest's MAC once SetGuestMAC changed it
 
 	flows, halfOpen                               atomic.Int64
 	tx, rx, blocked, refused, dropped, dnsDropped atomic.Uint64

@@ -64,8 +64,8 @@ func (n *Stack) ResetGuestConns(cs []GuestConn) {
 		if c.Local.Addr() != GuestAddr || !c.Remote.Addr().Is4() {
 			continue
 		}
-		n.io.Write(segmentFrame(c, c.RcvNxt, c.SndNxt, header.TCPFlagRst|header.TCPFlagAck))
-		n.io.Write(segmentFrame(c, c.RcvNxt+1<<31, c.SndNxt+1<<31, header.TCPFlagAck))
+		n.inject(segmentFrame(c, c.RcvNxt, c.SndNxt, header.TCPFlagRst|header.TCPFlagAck))
+		n.inject(segmentFrame(c, c.RcvNxt+1<<31, c.SndNxt+1<<31, header.TCPFlagAck))
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
 )
 
 func TestTCP(t *testing.T) {
@@ -163,4 +165,42 @@ func TestTCPResetPassesThrough(t *testing.T) {
 			t.Fatalf("the host read %v, want ECONNRESET", err)
 		}
 	})
+}
+
+// TestNewGuestMAC: after SetGuestMAC (a fork's own address) a guest with
+// the new MAC reaches the host at once, and the stack sends to it; a
+// frame from a third MAC is dropped as spoofed.
+func TestNewGuestMAC(t *testing.T) {
+	l := echoServer(t)
+	host, ge := socketpair(t)
+	n, err := New(Config{Policy: allowAll, Log: discard()}, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	mac := net.HardwareAddr{0x02, 0x6e, 0x65, 0x74, 0x68, 0x72}
+	if err := n.SetGuestMAC(mac); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.SetGuestMAC(net.HardwareAddr{0x01, 0, 0, 0, 0, 1}); err == nil {
+		t.Fatal("a multicast address was taken as the guest's")
+	}
+	g := newGuestMAC(t, ge, tcpip.LinkAddress(mac))
+	c, err := g.dial(ctxT(t, 5*time.Second), gw(l.Addr()))
+	if err != nil {
+		t.Fatalf("the guest with its new MAC: %v", err)
+	}
+	defer c.Close()
+	c.Write([]byte("hi"))
+	b := make([]byte, 2)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "hi" {
+		t.Fatalf("echo: %q %v", b, err)
+	}
+	spoof := make([]byte, 60)
+	copy(spoof[0:6], "\x52\x55\x0a\x00\x02\x02")
+	copy(spoof[6:12], "\x02\x00\x00\x00\x00\x09")
+	spoof[12], spoof[13] = 0x08, 0x06 // ARP
+	before := n.Stats().Dropped
+	g.write(spoof)
+	waitFor(t, func() bool { return n.Stats().Dropped > before })
 }

@@ -75,8 +75,13 @@ func (s *Session) Claim(ctx context.Context, sandboxID, hostname string) (string
 	hsStart := time.Now()
 	hctx, cancel := context.WithTimeout(ctx, s.opt.HandshakeTimeout)
 	defer cancel()
-	req := agentproto.Request{Fork: true, Hostname: hostname, MachineID: randomHex(16)}
-	if err := s.agent.Handshake(hctx, req); err != nil {
+	mac := s.newGuestMAC()
+	req := agentproto.Request{Fork: true, Hostname: hostname, MachineID: randomHex(16), MAC: macText(mac)}
+	err = s.agent.Handshake(hctx, req)
+	if err == nil {
+		err = s.tookMAC(mac)
+	}
+	if err != nil {
 		// The guest may now serve an epoch, hostname and machine-id the
 		// host does not know it took: it can be neither driven nor
 		// handed to anyone, so the sandbox ends.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"path/filepath"
 	"strings"
 
@@ -310,6 +311,11 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 	hctx, cancel := context.WithTimeout(ctx, s.opt.HandshakeTimeout)
 	defer cancel()
 	req := agentproto.Request{Fork: fork, MachineID: machineID}
+	var mac net.HardwareAddr
+	if fork {
+		mac = s.newGuestMAC()
+		req.MAC = macText(mac)
+	}
 	if fork || next.Hostname != captured.Hostname {
 		req.Hostname = next.Hostname
 	}
@@ -317,6 +323,9 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("the restored guest's agent did not answer the handshake within %s", s.opt.HandshakeTimeout)
 		}
+		return err
+	}
+	if err := s.tookMAC(mac); err != nil {
 		return err
 	}
 	s.log.Info("restored", "from", art.Dir, "kind", meta.Kind, "generation", next.Generation,

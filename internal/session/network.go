@@ -3,6 +3,7 @@ package session
 import (
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 
 	"github.com/nethersandbox/nether/internal/engine"
@@ -99,14 +100,20 @@ type netComponent struct {
 
 type netSection struct {
 	Conns []netstack.GuestConn `json:"conns"`
+	// MAC is the guest's NIC address when it is not the NIC's first
+	// (a fork's own): a wake must answer the address the guest has.
+	MAC string `json:"mac,omitempty"`
 }
 
 // netSectionMax bounds the connections a section may name: the stack's
 // own flow cap, with room.
 const netSectionMax = 4096
 
-func (c *netComponent) Name() string     { return "net" }
-func (c *netComponent) Version() int     { return 1 }
+func (c *netComponent) Name() string { return "net" }
+
+// Version 2 added the guest's MAC: a nether that cannot read it would
+// leave a woken fork's network deaf, so it refuses the section instead.
+func (c *netComponent) Version() int     { return 2 }
 func (c *netComponent) Required() bool   { return false }
 func (c *netComponent) Quiescent() error { return nil }
 func (c *netComponent) Freeze()          {}
@@ -116,6 +123,9 @@ func (c *netComponent) Save() (json.RawMessage, error) {
 	var sec netSection
 	if c.s != nil && c.s.net != nil {
 		sec.Conns = c.s.net.GuestConns()
+		if mac := c.s.net.GuestMAC(); mac != nil {
+			sec.MAC = mac.String()
+		}
 	}
 	return json.Marshal(sec)
 }
@@ -132,6 +142,15 @@ func (c *netComponent) Restore(version int, data json.RawMessage) error {
 		return fmt.Errorf("net section names %d connections, over %d", len(sec.Conns), netSectionMax)
 	}
 	c.pending = sec.Conns
+	if sec.MAC != "" {
+		mac, err := net.ParseMAC(sec.MAC)
+		if err != nil || len(mac) != 6 {
+			return fmt.Errorf("net section: %q is not an Ethernet address", sec.MAC)
+		}
+		if c.s != nil && c.s.net != nil {
+			return c.s.net.SetGuestMAC(mac)
+		}
+	}
 	return nil
 }
 
@@ -144,4 +163,31 @@ func (c *netComponent) resetCarried() {
 	c.s.log.Info("resetting the guest's connections from before the capture", "count", len(c.pending))
 	c.s.net.ResetGuestConns(c.pending)
 	c.pending = nil
+}
+
+// newGuestMAC is a fork's own NIC address (nil without a network): random,
+// locally administered, unicast. Its agent sets it in the handshake and
+// the stack takes it after (tookMAC).
+func (s *Session) newGuestMAC() net.HardwareAddr {
+	if s.net == nil {
+		return nil
+	}
+	b := randomBytes(6)
+	b[0] = b[0]&^1 | 2
+	return net.HardwareAddr(b)
+}
+
+// tookMAC tells the stack the guest's new address, once its agent set it.
+func (s *Session) tookMAC(mac net.HardwareAddr) error {
+	if mac == nil || s.net == nil {
+		return nil
+	}
+	return s.net.SetGuestMAC(mac)
+}
+
+func macText(mac net.HardwareAddr) string {
+	if mac == nil {
+		return ""
+	}
+	return mac.String()
 }

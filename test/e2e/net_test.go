@@ -337,8 +337,8 @@ func TestNetAfterWake(t *testing.T) {
 
 // TestNetForksApart: two forks of one base are both 10.0.2.15, run side
 // by side, and never see each other: each has its own NAT, its own
-// netlog and counters, and one's listener cannot be reached from the
-// other (its 10.0.2.15 is its own).
+// netlog and counters, its own MAC, and one's listener cannot be reached
+// from the other (its 10.0.2.15 is its own).
 func TestNetForksApart(t *testing.T) {
 	lab := newNetLab(t)
 	lab.listen(lab.pub, "203.0.113.2:8080", hello("pub 8080"))
@@ -356,6 +356,15 @@ func TestNetForksApart(t *testing.T) {
 	}
 	if out, _ := timedConnect(t, b, "203.0.113.2:8081"); out != "hello from pub 8081" {
 		t.Errorf("B's own flow: %q", out)
+	}
+	// Each fork's NIC has an address of its own, set at the restore.
+	macs := map[string]bool{strings.ToLower(engine.NICMAC): true}
+	for name, c := range map[string]*client.Client{"A": a, "B": b} {
+		mac := strings.TrimSpace(mustRun(t, c, "cat /sys/class/net/eth0/address"))
+		if macs[mac] {
+			t.Errorf("fork %s's eth0 is %s, the base's or the other fork's", name, mac)
+		}
+		macs[mac] = true
 	}
 	if out, _ := run(t, a, "cat /tmp/listener 2>/dev/null"); out != "" {
 		t.Errorf("A's listener was reached (%q): B's 10.0.2.15 reached into A", out)
