@@ -35,7 +35,7 @@ var (
 	skipWhy   string // non-empty: the guest cannot run here
 	netherBin string // built with -race
 	ctlBin    string
-	nexusBin  string // built with -race
+	nexusBin  string                // built with -race
 	shmWatch  *testharness.DirWatch // nether-* entries appearing in /dev/shm
 )
 
