@@ -11,7 +11,7 @@
 //
 //   - `nexus ls` (the CLI, a whole process) with 1,000 records.
 //
-//	go run ./bench/nexus [-n 16] [-claims 8] [-records 1000]
+//     go run ./bench/nexus [-n 16] [-claims 8] [-records 1000]
 package main
 
 import (
