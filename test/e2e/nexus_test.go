@@ -309,6 +309,7 @@ func TestNexusKill9(t *testing.T) {
 	}{
 		{"mid-fork", []string{"fork", "s", "-n", "2"}, 300 * time.Millisecond},
 		{"mid-snapshot", []string{"snapshot", "create", "src"}, 100 * time.Millisecond},
+		{"mid-pause", []string{"pause", "src"}, 150 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(nexusBin, append([]string{"--state-dir", x.dir}, tc.args...)...)
@@ -344,7 +345,45 @@ func TestNexusKill9(t *testing.T) {
 					x.must("rm", "--force", sb.ID)
 				}
 			}
+			// A pause that was cut short either parked (its nether goes
+			// on and exits) or did not: src ends up paused or answering.
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+				if x.state("src") == "paused" {
+					x.must("resume", "src")
+				}
+				if out, _, code := x.run("exec", "src", "--", "echo alive"); code == 0 && out == "alive\n" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("after kill -9 %s the sandbox neither answers nor is paused: %+v", tc.name, x.inspect("src"))
+				}
+			}
 		})
+	}
+}
+
+// TestNexusConcurrent: two nexus commands on one sandbox take turns: one
+// stops it, the other waits for its lease, then finds it stopped.
+func TestNexusConcurrent(t *testing.T) {
+	x := newNexus(t)
+	x.must("create", "--name", "twice", "--ram-mb", "256", "--start")
+	type result struct {
+		code int
+		errs string
+	}
+	res := make(chan result, 2)
+	for range 2 {
+		go func() {
+			_, errs, code := x.run("stop", "twice")
+			res <- result{code, errs}
+		}()
+	}
+	a, b := <-res, <-res
+	if a.code+b.code != 3 || (a.code != 0 && b.code != 0) {
+		t.Fatalf("two stops at once: exits %d (%s) and %d (%s); want one 0 and one 3", a.code, a.errs, b.code, b.errs)
+	}
+	if x.state("twice") != "stopped" {
+		t.Fatalf("after two stops: %s", x.state("twice"))
 	}
 }
 
