@@ -460,6 +460,7 @@ func (a *app) forkCmd() *cobra.Command {
 	}
 	cmd.Flags().IntVarP(&req.N, "n", "n", 1, "how many children")
 	cmd.Flags().StringArrayVar(&req.Names, "name", nil, "a child's name (repeat for each, or one for name-1 ... name-N)")
+	cmd.Flags().BoolVar(&req.NoPool, "no-pool", false, "restore new children even when the snapshot has a warm pool")
 	return cmd
 }
 
