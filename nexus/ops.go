@@ -409,7 +409,7 @@ func (n *Nexus) dropRefs(tx *store.Tx, id string) error {
 // List returns every sandbox that exists (one being born is not shown
 // until it is), oldest first.
 func (n *Nexus) List(ctx context.Context) ([]*Sandbox, error) {
-	var out []*Sandbox
+	out := []*Sandbox{} // empty, not nil: JSON [] for the CLI and the API
 	err := n.db.View(func(tx *store.Tx) error {
 		sbs, err := tx.Sandboxes()
 		for _, sb := range sbs {

@@ -52,7 +52,7 @@ type PoolStatus struct {
 
 // Pools lists the pools with their members.
 func (n *Nexus) Pools(ctx context.Context) ([]*PoolStatus, error) {
-	var out []*PoolStatus
+	out := []*PoolStatus{} // empty, not nil: JSON []
 	err := n.db.View(func(tx *store.Tx) error {
 		ps, err := tx.Pools()
 		if err != nil {

@@ -162,7 +162,7 @@ func (n *Nexus) reconcileSnapshots(tx *store.Tx, now time.Time) error {
 
 // SnapshotList returns the committed snapshots, oldest first.
 func (n *Nexus) SnapshotList(ctx context.Context) ([]*Snapshot, error) {
-	var out []*Snapshot
+	out := []*Snapshot{} // empty, not nil: JSON []
 	err := n.db.View(func(tx *store.Tx) error {
 		all, err := tx.Snapshots()
 		for _, s := range all {

@@ -115,7 +115,7 @@ func (n *Nexus) Tree(ctx context.Context, ref string) ([]*Node, error) {
 	if root != nil {
 		return []*Node{nodes[root.ID]}, nil
 	}
-	var roots []*Node
+	roots := []*Node{} // empty, not nil: JSON []
 	for id, nd := range nodes {
 		if !hasParent[id] {
 			roots = append(roots, nd)

@@ -257,9 +257,6 @@ func (a *app) lsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if sbs == nil {
-				sbs = []*nexus.Sandbox{}
-			}
 			return a.print(sbs, func(w io.Writer) {
 				fmt.Fprintln(w, "ID\tNAME\tSTATE\tPARENT\tSNAPSHOT\tCREATED\tNOTE")
 				for _, sb := range sbs {
@@ -392,9 +389,6 @@ func (a *app) snapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if ss == nil {
-				ss = []*nexus.Snapshot{}
-			}
 			return a.print(ss, func(w io.Writer) {
 				fmt.Fprintln(w, "ID\tNAME\tSOURCE\tSIZE\tREFS\tCREATED")
 				for _, s := range ss {
@@ -508,9 +502,6 @@ func (a *app) poolCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if ps == nil {
-				ps = []*nexus.PoolStatus{}
-			}
 			return a.print(ps, func(w io.Writer) {
 				fmt.Fprintln(w, "SNAPSHOT\tSIZE\tMEMBERS\tREADY")
 				for _, p := range ps {
@@ -544,9 +535,6 @@ func (a *app) treeCmd() *cobra.Command {
 			}
 			switch {
 			case a.asJSON:
-				if roots == nil {
-					roots = []*nexus.Node{}
-				}
 				return a.print(roots, nil)
 			case dot:
 				nexus.WriteDot(os.Stdout, roots)

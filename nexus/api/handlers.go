@@ -54,9 +54,6 @@ func (s *server) list(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if sbs == nil {
-		sbs = []*nexus.Sandbox{}
-	}
 	return writeJSON(w, http.StatusOK, sbs)
 }
 
@@ -259,9 +256,6 @@ func (s *server) snapshotList(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if ss == nil {
-		ss = []*nexus.Snapshot{}
-	}
 	return writeJSON(w, http.StatusOK, ss)
 }
 
@@ -343,9 +337,6 @@ func (s *server) pools(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if ps == nil {
-		ps = []*nexus.PoolStatus{}
-	}
 	return writeJSON(w, http.StatusOK, ps)
 }
 
@@ -353,9 +344,6 @@ func (s *server) tree(w http.ResponseWriter, r *http.Request) error {
 	roots, err := s.n.Tree(r.Context(), r.URL.Query().Get("ref"))
 	if err != nil {
 		return err
-	}
-	if roots == nil {
-		roots = []*nexus.Node{}
 	}
 	return writeJSON(w, http.StatusOK, roots)
 }
