@@ -35,6 +35,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nethersandbox/nether/bench/internal/harness"
@@ -74,8 +75,11 @@ func main() {
 	fmt.Printf("transfer of %d MiB (one command round trip: %s):\n", *mib, harness.MS(rt))
 	for r := 0; r < *rounds; r++ {
 		os.Remove(filepath.Join(sb.Dir, "back.bin"))
+		before := guestCPU(c)
 		put := timed(c, "__put__ big.bin /tmp/big.bin")
+		mid := guestCPU(c)
 		get := timed(c, "__get__ /tmp/big.bin back.bin")
+		after := guestCPU(c)
 		back, err := os.ReadFile(filepath.Join(sb.Dir, "back.bin"))
 		if err != nil {
 			fail(err)
@@ -94,6 +98,7 @@ func main() {
 			mibps(size, put), harness.MS(put), mibps(size, put)/copied, mibps(size, put)/null)
 		fmt.Printf("  __get__ %6.1f MiB/s (%s): %.2fx `cat f | cat > /dev/null`, %.2fx `cat f > /dev/null`\n",
 			mibps(size, get), harness.MS(get), mibps(size, get)/piped, mibps(size, get)/null)
+		fmt.Printf("  guest CPU during __put__: %s\n  guest CPU during __get__: %s\n", mid.since(before), after.since(mid))
 		fmt.Printf("  in the guest: cat f > /tmp/copy %.1f MiB/s, cat f | cat > /dev/null %.1f MiB/s, cat f > /dev/null %.1f MiB/s\n",
 			copied, piped, null)
 	}
@@ -105,6 +110,45 @@ func timed(c *client.Client, line string) time.Duration {
 		fail(fmt.Errorf("%s: %w", line, err))
 	}
 	return time.Since(t0)
+}
+
+// cpuTimes are the guest's CPU counters from /proc/stat (all CPUs, in
+// clock ticks) and the agent's own user and system time, so a transfer's
+// figure comes with where the guest spent it: a busy guest CPU points at
+// work per byte, an idle one at waiting (round trips, credit).
+type cpuTimes struct {
+	user, sys, irq, softirq, idle, agentUser, agentSys float64
+}
+
+func guestCPU(c *client.Client) cpuTimes {
+	out, err := harness.Exec(c, "head -1 /proc/stat; cut -d' ' -f14,15 /proc/1/stat")
+	if err != nil {
+		fail(fmt.Errorf("reading the guest's CPU counters: %w", err))
+	}
+	var t cpuTimes
+	var nice, iowait float64
+	if _, err := fmt.Sscanf(out, "cpu %g %g %g %g %g %g %g", &t.user, &nice, &t.sys, &t.idle, &iowait, &t.irq, &t.softirq); err != nil {
+		fail(fmt.Errorf("parsing the guest's /proc/stat %q: %w", out, err))
+	}
+	t.user += nice
+	t.idle += iowait
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if _, err := fmt.Sscanf(lines[len(lines)-1], "%g %g", &t.agentUser, &t.agentSys); err != nil {
+		fail(fmt.Errorf("parsing the agent's /proc/1/stat %q: %w", out, err))
+	}
+	return t
+}
+
+// since is the share of the guest's CPU time each kind took between b and t.
+func (t cpuTimes) since(b cpuTimes) string {
+	user, sys, irq, soft, idle := t.user-b.user, t.sys-b.sys, t.irq-b.irq, t.softirq-b.softirq, t.idle-b.idle
+	all := user + sys + irq + soft + idle
+	if all == 0 {
+		return "no ticks counted"
+	}
+	pct := func(x float64) float64 { return 100 * x / all }
+	return fmt.Sprintf("user %.0f%%, system %.0f%%, irq %.0f%%, softirq %.0f%%, idle %.0f%% (the agent: user %.0f%%, system %.0f%%)",
+		pct(user), pct(sys), pct(irq), pct(soft), pct(idle), pct(t.agentUser-b.agentUser), pct(t.agentSys-b.agentSys))
 }
 
 func mibps(n int64, d time.Duration) float64 { return float64(n) / (1 << 20) / d.Seconds() }
