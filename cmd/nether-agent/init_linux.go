@@ -17,32 +17,21 @@ import (
 // kernel gives PID 1 an empty rootfs with no mounts.
 func initSystem(log *slog.Logger) (map[string]string, error) {
 	var errs []error
-	mounts := []struct {
-		src, dst, fstype string
-		flags            uintptr
-		data             string
-		mode             os.FileMode
-	}{
-		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555},
-		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555},
-		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755", 0o755},
-		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "gid=5,mode=620,ptmxmode=666", 0o755},
-		{"tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777", 0o1777},
-		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755", 0o755},
-	}
-	for _, m := range mounts {
-		if err := os.MkdirAll(m.dst, m.mode); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil && !errors.Is(err, unix.EBUSY) {
-			errs = append(errs, fmt.Errorf("mounting %s on %s: %w", m.fstype, m.dst, err))
-		}
-	}
+	// /proc, /sys and /dev first: the command line, the modules and the
+	// root image's device need them; a root switch carries them along.
+	errs = append(errs, mountAll(earlyMounts)...)
 	params := kernelParams()
 	if err := loadModules("/etc/nether/modules", log); err != nil {
 		errs = append(errs, err)
 	}
+	if fstype := params["nether.root"]; fstype != "" {
+		if err := prepareRoot(fstype, params, log); err != nil {
+			// Without its root the guest has only the initramfs's
+			// busybox: say so loudly; commands will show it too.
+			errs = append(errs, fmt.Errorf("mounting the root image: %w", err))
+		}
+	}
+	errs = append(errs, mountAll(lateMounts)...)
 	if err := linkUp("lo"); err != nil {
 		errs = append(errs, fmt.Errorf("bringing up lo: %w", err))
 	}
@@ -62,6 +51,40 @@ func initSystem(log *slog.Logger) (map[string]string, error) {
 	os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
 	os.Setenv("HOME", "/root")
 	return params, errors.Join(errs...)
+}
+
+type mount struct {
+	src, dst, fstype string
+	flags            uintptr
+	data             string
+	mode             os.FileMode
+}
+
+var (
+	earlyMounts = []mount{
+		{"proc", "/proc", "proc", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555},
+		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, "", 0o555},
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755", 0o755},
+	}
+	lateMounts = []mount{
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "gid=5,mode=620,ptmxmode=666", 0o755},
+		{"tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777", 0o1777},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755", 0o755},
+	}
+)
+
+func mountAll(ms []mount) []error {
+	var errs []error
+	for _, m := range ms {
+		if err := os.MkdirAll(m.dst, m.mode); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := unix.Mount(m.src, m.dst, m.fstype, m.flags, m.data); err != nil && !errors.Is(err, unix.EBUSY) {
+			errs = append(errs, fmt.Errorf("mounting %s on %s: %w", m.fstype, m.dst, err))
+		}
+	}
+	return errs
 }
 
 // loadModules loads the kernel modules the image builder listed, in the

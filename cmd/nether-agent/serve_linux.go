@@ -215,7 +215,13 @@ func runConsoleShell(r *reaper, log *slog.Logger) {
 		return
 	}
 	defer tty.Close()
-	_, done, err := r.start("/bin/busybox", []string{"setsid", "-c", "/bin/sh", "-l"}, &os.ProcAttr{
+	// busybox's setsid in the busybox guest, util-linux's (the same -c)
+	// on a root image.
+	setsid := "/usr/bin/setsid"
+	if _, err := os.Stat("/bin/busybox"); err == nil {
+		setsid = "/bin/busybox"
+	}
+	_, done, err := r.start(setsid, []string{"setsid", "-c", "/bin/sh", "-l"}, &os.ProcAttr{
 		Dir:   "/root",
 		Env:   append(shellEnv[:len(shellEnv):len(shellEnv)], "PS1=sandbox# "),
 		Files: []*os.File{tty, tty, tty},

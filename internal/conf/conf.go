@@ -88,6 +88,10 @@ type Config struct {
 	Accel        engine.Accel // default auto; the engine's own type, resolved there
 	Kernel       string       // "" = default image built by setup; else absolute path of a regular file
 	Image        string       // "" = default initramfs built by setup; else absolute path of a regular file
+	// Rootfs is the guest's root file system: "" = the Debian image setup
+	// built, RootfsBusybox = none (the initramfs's busybox is the whole
+	// userland), else the absolute path of a root image file.
+	Rootfs string
 
 	// Snapshot / fork keys.
 	Restore            bool   // boot by restoring RestoreFrom instead of a fresh boot
@@ -455,6 +459,15 @@ var fields = []field{
 	{"image",
 		func(c *Config, v string) string { return setFile(&c.Image, c.Dir, v) },
 		func(c *Config) string { return c.Image }},
+	{"rootfs",
+		func(c *Config, v string) string {
+			if v == RootfsBusybox {
+				c.Rootfs = v
+				return ""
+			}
+			return setFile(&c.Rootfs, c.Dir, v)
+		},
+		func(c *Config) string { return c.Rootfs }},
 	{"restore",
 		func(c *Config, v string) string { return setBool(&c.Restore, v) },
 		func(c *Config) string { return zeroOne(c.Restore) }},
@@ -681,6 +694,9 @@ func checkHostname(v string) string {
 	}
 	return ""
 }
+
+// RootfsBusybox is the rootfs value of a guest without a root image.
+const RootfsBusybox = "busybox"
 
 // setFile resolves a kernel/image path and requires a regular file now, so
 // a typo fails at startup with the conf line instead of deep in the VMM.

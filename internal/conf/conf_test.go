@@ -127,6 +127,11 @@ func TestParseKeys(t *testing.T) {
 		{"image relative", "image = initramfs.cpio", func(t *testing.T, c *Config) {
 			eq(t, c.Image, filepath.Join(dir, "initramfs.cpio"))
 		}},
+		{"rootfs default", "", func(t *testing.T, c *Config) { eq(t, c.Rootfs, "") }},
+		{"rootfs busybox", "rootfs = busybox", func(t *testing.T, c *Config) { eq(t, c.Rootfs, RootfsBusybox) }},
+		{"rootfs relative", "rootfs = initramfs.cpio", func(t *testing.T, c *Config) {
+			eq(t, c.Rootfs, filepath.Join(dir, "initramfs.cpio"))
+		}},
 		{"restore", "restore = 1\nrestore_from = /snaps/base.snap", func(t *testing.T, c *Config) {
 			eq(t, c.Restore, true)
 			eq(t, c.RestoreFrom, "/snaps/base.snap")
@@ -325,6 +330,8 @@ func TestParseErrors(t *testing.T) {
 		{"kernel is dir", "kernel = adir", 1, "kernel", "is not a regular file"},
 		{"image missing", "\nimage = /nonexistent/initrd", 2, "image", "/nonexistent/initrd does not exist"},
 		{"image is dir", "image = " + dir, 1, "image", "is not a regular file"},
+		{"rootfs missing", "rootfs = /nonexistent/rootfs.img", 1, "rootfs", "/nonexistent/rootfs.img does not exist"},
+		{"rootfs is dir", "rootfs = " + dir, 1, "rootfs", "is not a regular file"},
 		{"restore_from relative", "restore = 1\nrestore_from = base.snap", 2, "restore_from", `"base.snap" is not an absolute path`},
 
 		// Identity.
@@ -622,6 +629,7 @@ func TestReport(t *testing.T) {
 		"accel=auto",
 		"kernel=",
 		"image=",
+		"rootfs=",
 		"restore=0",
 		"restore_from=",
 		"snapshot_allow_dirty=0",

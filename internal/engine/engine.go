@@ -48,6 +48,13 @@ type Spec struct {
 	// whose frames the host reads and writes through Machine.NIC. It is
 	// part of the device set, as Display is.
 	NIC bool
+	// RootImage, when set, is the absolute path of a read-only root file
+	// system image the guest mounts as its root (under a writable layer
+	// in its own memory). The engine attaches it read-only with the
+	// serial RootImageSerial; its bytes are never written. Part of the
+	// device set, as Display is; the image's identity (its digest) is
+	// the session's to check.
+	RootImage string
 
 	// Devices the next planes add (block devices) join Spec here as
 	// endpoint descriptions, and Machine grows the matching endpoint
@@ -68,6 +75,11 @@ const NICMAC = "52:54:00:12:34:56"
 // wake-ups on both sides. 65520 is the largest that leaves room for the
 // Ethernet header in a 64 KiB message.
 const NICMTU = 65520
+
+// RootImageSerial is the block device serial of the root image, which the
+// agent looks for in /sys/block/*/serial: names like vda follow the order
+// of devices, the serial does not.
+const RootImageSerial = "nether-root"
 
 // Incoming is a committed artifact to restore.
 type Incoming struct {

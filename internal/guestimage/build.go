@@ -36,12 +36,17 @@ const (
 	// a network (nether.net=1) loads after those of ModuleListPath; none
 	// of them is in ModuleListPath.
 	NetModuleListPath = "/etc/nether/modules.net"
+	// DiskModuleListPath lists, in the same form, the modules a guest
+	// with block devices (a root image, a /data disk) loads; none of them
+	// is in the lists above.
+	DiskModuleListPath = "/etc/nether/modules.disk"
 )
 
 // formatVersion changes whenever the image layout changes, so that a build
 // with identical inputs but a newer builder is not skipped.
 // 2: the network's modules, in their own list.
-const formatVersion = 2
+// 3: the block devices' modules, in their own list.
+const formatVersion = 3
 
 // DefaultBusybox is where busybox-static puts its binary.
 const DefaultBusybox = "/bin/busybox"
@@ -56,7 +61,10 @@ type BuildOptions struct {
 	// default DefaultNetModules (nil means the default, an empty list
 	// none).
 	NetModules []string
-	Out        string // output directory
+	// DiskModules are the root modules only a guest with block devices
+	// loads; default DefaultDiskModules (nil means the default).
+	DiskModules []string
+	Out         string // output directory
 }
 
 // Manifest describes a built guest image. It is written to Out/manifest.json.
@@ -73,12 +81,14 @@ type Manifest struct {
 		Agent     string `json:"agent"`
 		Busybox   string `json:"busybox"`
 	} `json:"sha256"`
-	InitramfsSize  int64    `json:"initramfs_size"`
-	RootModules    []string `json:"root_modules"`
-	BuiltinModules []string `json:"builtin_modules"` // roots the kernel has built in
-	Modules        []string `json:"modules"`         // in-image paths, load order
-	NetRootModules []string `json:"net_root_modules"`
-	NetModules     []string `json:"net_modules"` // in-image paths, load order, after Modules
+	InitramfsSize   int64    `json:"initramfs_size"`
+	RootModules     []string `json:"root_modules"`
+	BuiltinModules  []string `json:"builtin_modules"` // roots the kernel has built in
+	Modules         []string `json:"modules"`         // in-image paths, load order
+	NetRootModules  []string `json:"net_root_modules"`
+	NetModules      []string `json:"net_modules"` // in-image paths, load order, after Modules
+	DiskRootModules []string `json:"disk_root_modules"`
+	DiskModules     []string `json:"disk_modules"` // in-image paths, load order, after Modules
 
 	// Stamps records size, mtime and inode of every input and output next
 	// to its digest, so an unchanged file is not hashed again: hashing the
@@ -170,6 +180,9 @@ func Build(opts BuildOptions) (*Manifest, error) {
 	if opts.NetModules == nil {
 		opts.NetModules = DefaultNetModules
 	}
+	if opts.DiskModules == nil {
+		opts.DiskModules = DefaultDiskModules
+	}
 	k := opts.Kernel
 
 	if err := checkStatic(opts.Agent, "agent"); err != nil {
@@ -190,6 +203,7 @@ func Build(opts BuildOptions) (*Manifest, error) {
 		PVH:                  k.PVH,
 		RootModules:          slices.Clone(opts.Modules),
 		NetRootModules:       slices.Clone(opts.NetModules),
+		DiskRootModules:      slices.Clone(opts.DiskModules),
 	}
 	// A missing or unreadable old manifest just means a full build.
 	old, _ := ReadManifest(opts.Out)
@@ -212,6 +226,7 @@ func Build(opts BuildOptions) (*Manifest, error) {
 		m.BuiltinModules = old.BuiltinModules
 		m.Modules = old.Modules
 		m.NetModules = old.NetModules
+		m.DiskModules = old.DiskModules
 		m.Reused = true
 		// Rewrite only when a stamp moved (e.g. the agent was rebuilt with
 		// the same bytes), so the next run can skip hashing it again.
@@ -235,10 +250,16 @@ func Build(opts BuildOptions) (*Manifest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kernel %s: network modules: %w", k.Version, err)
 	}
+	diskPaths, diskBuiltin, err := ix.Resolve(opts.DiskModules)
+	if err != nil {
+		return nil, fmt.Errorf("kernel %s: block device modules: %w", k.Version, err)
+	}
 	// A dependency the base list loads already (virtio, say) is loaded
 	// once, by the base list.
-	netPaths = slices.DeleteFunc(netPaths, func(p string) bool { return slices.Contains(modPaths, p) })
-	for _, b := range netBuiltin {
+	inBase := func(p string) bool { return slices.Contains(modPaths, p) }
+	netPaths = slices.DeleteFunc(netPaths, inBase)
+	diskPaths = slices.DeleteFunc(diskPaths, inBase)
+	for _, b := range slices.Concat(netBuiltin, diskBuiltin) {
 		if !slices.Contains(builtin, b) {
 			builtin = append(builtin, b)
 		}
@@ -274,7 +295,7 @@ func Build(opts BuildOptions) (*Manifest, error) {
 		paths []string
 		list  string
 		dst   *[]string
-	}{{modPaths, ModuleListPath, &m.Modules}, {netPaths, NetModuleListPath, &m.NetModules}} {
+	}{{modPaths, ModuleListPath, &m.Modules}, {netPaths, NetModuleListPath, &m.NetModules}, {diskPaths, DiskModuleListPath, &m.DiskModules}} {
 		var list bytes.Buffer
 		for _, p := range l.paths {
 			data, err := readModule(filepath.Join(k.ModulesDir, filepath.FromSlash(p)))
@@ -356,7 +377,8 @@ func upToDate(out string, old, want *Manifest) bool {
 		old.SHA256.Vmlinux != want.SHA256.Vmlinux || old.SHA256.Vmlinuz != want.SHA256.Vmlinuz ||
 		old.SHA256.Agent != want.SHA256.Agent || old.SHA256.Busybox != want.SHA256.Busybox ||
 		!slices.Equal(old.RootModules, want.RootModules) ||
-		!slices.Equal(old.NetRootModules, want.NetRootModules) {
+		!slices.Equal(old.NetRootModules, want.NetRootModules) ||
+		!slices.Equal(old.DiskRootModules, want.DiskRootModules) {
 		return false
 	}
 	for _, f := range []struct{ role, name, sum string }{

@@ -73,10 +73,20 @@ func fakeKernel(t *testing.T) *Kernel {
 	write("kernel/net/core/failover.ko", "\x7fELF failover")
 	write("kernel/drivers/net/net_failover.ko", "\x7fELF net_failover")
 	write("kernel/drivers/net/virtio_net.ko", "\x7fELF virtio_net")
+	write("kernel/crypto/crc32c_generic.ko", "\x7fELF crc32c")
+	write("kernel/drivers/block/virtio_blk.ko", "\x7fELF virtio_blk")
+	write("kernel/fs/erofs/erofs.ko", "\x7fELF erofs")
+	write("kernel/fs/overlayfs/overlay.ko", "\x7fELF overlay")
+	write("kernel/fs/jbd2/jbd2.ko", "\x7fELF jbd2")
+	write("kernel/fs/ext4/ext4.ko", "\x7fELF ext4")
 	dep := "kernel/drivers/virtio/virtio.ko:\nkernel/drivers/char/virtio_console.ko: kernel/drivers/virtio/virtio.ko\n" +
 		"kernel/drivers/net/virtio_net.ko: kernel/drivers/net/net_failover.ko kernel/net/core/failover.ko kernel/drivers/virtio/virtio.ko\n" +
 		"kernel/drivers/net/net_failover.ko: kernel/net/core/failover.ko\n" +
-		"kernel/net/core/failover.ko:\n"
+		"kernel/net/core/failover.ko:\n" +
+		"kernel/crypto/crc32c_generic.ko:\n" +
+		"kernel/drivers/block/virtio_blk.ko: kernel/drivers/virtio/virtio.ko\n" +
+		"kernel/fs/erofs/erofs.ko:\nkernel/fs/overlayfs/overlay.ko:\n" +
+		"kernel/fs/ext4/ext4.ko: kernel/fs/jbd2/jbd2.ko\nkernel/fs/jbd2/jbd2.ko:\n"
 	if haveXZ(t) {
 		write("kernel/drivers/char/hw_random/virtio-rng.ko", "\x7fELF rng")
 		if out, err := exec.Command("xz", filepath.Join(mods, "kernel/drivers/char/hw_random/virtio-rng.ko")).CombinedOutput(); err != nil {
@@ -158,6 +168,9 @@ func TestBuild(t *testing.T) {
 	// The network's list loads virtio_net's dependencies first and leaves
 	// out virtio, which the base list loads.
 	wantNetList := "/" + modRoot + "kernel/net/core/failover.ko\n/" + modRoot + "kernel/drivers/net/net_failover.ko\n/" + modRoot + "kernel/drivers/net/virtio_net.ko\n"
+	// The block devices' list likewise, in the order of its roots.
+	wantDiskList := "/" + modRoot + "kernel/crypto/crc32c_generic.ko\n/" + modRoot + "kernel/drivers/block/virtio_blk.ko\n/" + modRoot + "kernel/fs/erofs/erofs.ko\n/" +
+		modRoot + "kernel/fs/overlayfs/overlay.ko\n/" + modRoot + "kernel/fs/jbd2/jbd2.ko\n/" + modRoot + "kernel/fs/ext4/ext4.ko\n"
 	if len(mA.RootModules) == 3 {
 		wantList += "/" + modRoot + "kernel/drivers/char/hw_random/virtio-rng.ko\n"
 	}
@@ -186,6 +199,12 @@ func TestBuild(t *testing.T) {
 		}},
 		{"etc/nether/modules.net", func(r cpio.Record) string {
 			if got := content(t, r); got != wantNetList {
+				return "content " + got
+			}
+			return ""
+		}},
+		{"etc/nether/modules.disk", func(r cpio.Record) string {
+			if got := content(t, r); got != wantDiskList {
 				return "content " + got
 			}
 			return ""

@@ -35,6 +35,15 @@ var DefaultModules = []string{"virtio_pci", "virtio_console", "virtio_rng"}
 // network does not pay for loading them.
 var DefaultNetModules = []string{"virtio_net"}
 
+// DefaultDiskModules are the root modules a guest with block devices
+// loads: virtio_blk for the devices, erofs for a read-only root image,
+// overlay for the writable layer over it, ext4 for a /data disk. A
+// busybox-only guest without a disk loads none of them. crc32c_generic
+// comes first: libcrc32c (erofs's) and ext4 ask the crypto API for
+// "crc32c" when they load or mount, a soft dependency that modules.dep
+// does not list, and without it erofs fails to load with ENOENT.
+var DefaultDiskModules = []string{"crc32c_generic", "virtio_blk", "erofs", "overlay", "ext4"}
+
 // ModuleIndex is what the kernel's depmod metadata says about its modules.
 type ModuleIndex struct {
 	path    map[string]string   // module name -> path relative to the modules dir

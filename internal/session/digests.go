@@ -3,9 +3,11 @@ package session
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 
 	"github.com/nethersandbox/nether/internal/guestimage"
@@ -49,6 +51,10 @@ func (d *digests) of(path string) (string, error) {
 			return st.SHA256, nil
 		}
 	}
+	if v := sidecarDigest(path, fi); v != "" {
+		d.cache[path] = v
+		return v, nil
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return "", fmt.Errorf("fingerprinting %s: %w", path, err)
@@ -61,4 +67,32 @@ func (d *digests) of(path string) (string, error) {
 	v := hex.EncodeToString(h.Sum(nil))
 	d.cache[path] = v
 	return v, nil
+}
+
+// sidecarDigest is a root image's digest as its builder recorded it in
+// rootfs.json beside it, when that record still describes the file: the
+// same size, and the image not modified after the record was written.
+// Hashing a root image of a few hundred MB would cost every start and
+// every fork a second; anything that does not match is hashed.
+func sidecarDigest(path string, fi os.FileInfo) string {
+	if filepath.Base(path) != RootImageFile {
+		return ""
+	}
+	side := filepath.Join(filepath.Dir(path), "rootfs.json")
+	b, err := os.ReadFile(side)
+	if err != nil {
+		return ""
+	}
+	sfi, err := os.Stat(side)
+	if err != nil || fi.ModTime().After(sfi.ModTime()) {
+		return ""
+	}
+	var m struct {
+		SHA256 string `json:"sha256"`
+		Bytes  int64  `json:"bytes"`
+	}
+	if json.Unmarshal(b, &m) != nil || m.Bytes != fi.Size() || len(m.SHA256) != 64 {
+		return ""
+	}
+	return m.SHA256
 }

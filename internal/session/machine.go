@@ -80,9 +80,21 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	}
 	s.log.Info("accelerator chosen", "accel", accel, "why", why)
 	s.kernel, s.image = GuestFiles(s.cfg, s.opt.GuestDir)
+	if s.rootImage, err = RootImage(s.cfg, s.opt.GuestDir); err != nil {
+		return err
+	}
 	s.digests = newDigests(s.opt.GuestDir)
+	cmdline := KernelCmdline(consoleMode, s.getView().identity.Hostname, s.cfg.Net)
+	if s.rootImage != "" {
+		fstype, err := rootFSType(s.rootImage)
+		if err != nil {
+			return err
+		}
+		// The agent mounts the image read-only, under a writable layer
+		// in the guest's memory, before anything else runs.
+		cmdline += " nether.root=" + fstype
+	}
 
-	hostname := s.getView().identity.Hostname
 	s.setView(func(v *view) { v.accel = accel })
 
 	runDir, releaseRunDir, err := makeRunDir(s.opt.TempDir, s.log)
@@ -95,7 +107,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	defer releaseRunDir()
 	spec := engine.Spec{
 		CPUs: s.cfg.CPUs, RAMMB: s.cfg.RAMMB, Accel: accel,
-		Kernel: s.kernel, Initrd: s.image, Cmdline: KernelCmdline(consoleMode, hostname, s.cfg.Net),
+		Kernel: s.kernel, Initrd: s.image, Cmdline: cmdline, RootImage: s.rootImage,
 		RunDir: runDir, Display: s.cfg.GPU, NIC: s.cfg.Net,
 	}
 
@@ -417,12 +429,12 @@ func (s *Session) adoptOrphans(fork bool) {
 // fingerprintWith is everything a restore of this configuration must
 // match, with the engine described by info.
 func (s *Session) fingerprintWith(info engine.Info, accel engine.Accel) (snapshot.Fingerprint, error) {
-	return fingerprint(info, accel, s.cfg, s.kernel, s.image, s.digests)
+	return fingerprint(info, accel, s.cfg, s.kernel, s.image, s.rootImage, s.digests)
 }
 
 // fingerprint is what an artifact taken with this engine, accelerator,
 // shape and guest files records.
-func fingerprint(info engine.Info, accel engine.Accel, cfg *conf.Config, kernel, image string, d *digests) (snapshot.Fingerprint, error) {
+func fingerprint(info engine.Info, accel engine.Accel, cfg *conf.Config, kernel, image, rootImage string, d *digests) (snapshot.Fingerprint, error) {
 	k, err := d.of(kernel)
 	if err != nil {
 		return snapshot.Fingerprint{}, err
@@ -431,9 +443,15 @@ func fingerprint(info engine.Info, accel engine.Accel, cfg *conf.Config, kernel,
 	if err != nil {
 		return snapshot.Fingerprint{}, err
 	}
+	var r string
+	if rootImage != "" {
+		if r, err = d.of(rootImage); err != nil {
+			return snapshot.Fingerprint{}, err
+		}
+	}
 	return snapshot.Fingerprint{
 		Engine: info.Backend, EngineVersion: info.Version, Machine: info.Machine, Accel: string(accel),
-		KernelSHA256: k, ImageSHA256: i, CPUs: cfg.CPUs, RAMMB: cfg.RAMMB, GPU: cfg.GPU, Net: cfg.Net,
+		KernelSHA256: k, ImageSHA256: i, RootfsSHA256: r, CPUs: cfg.CPUs, RAMMB: cfg.RAMMB, GPU: cfg.GPU, Net: cfg.Net,
 	}, nil
 }
 
@@ -460,7 +478,11 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 		return "", err
 	}
 	kernel, image := GuestFiles(cfg, guestDir)
-	fp, err := fingerprint(info, accel, cfg, kernel, image, newDigests(guestDir))
+	rootImage, err := RootImage(cfg, guestDir)
+	if err != nil {
+		return "", err
+	}
+	fp, err := fingerprint(info, accel, cfg, kernel, image, rootImage, newDigests(guestDir))
 	if err != nil {
 		return "", err
 	}

@@ -105,6 +105,7 @@ type Session struct {
 	cancel context.CancelCauseFunc
 
 	kernel, image string
+	rootImage     string // "" without one (rootfs = busybox)
 	digests       *digests
 	art           *snapshot.Artifact // the artifact a restore starts from
 

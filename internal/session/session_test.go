@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -61,13 +62,23 @@ type sandbox struct {
 	eng   *fake.Engine
 }
 
-// guestFiles are the stand-in kernel and image every test sandbox boots.
+// guestFiles are the stand-in kernel and image every test sandbox boots,
+// and beside them a stand-in root image (rootfs.img: an erofs superblock
+// magic and nothing else).
 func guestFiles(t *testing.T) (kernel, image string) {
 	dir := t.TempDir()
 	kernel, image = filepath.Join(dir, "vmlinux"), filepath.Join(dir, "initramfs.cpio")
 	os.WriteFile(kernel, []byte("fake kernel"), 0o644)
 	os.WriteFile(image, []byte("fake image"), 0o644)
+	os.WriteFile(filepath.Join(dir, RootImageFile), fakeErofs("fake root"), 0o644)
 	return kernel, image
+}
+
+// fakeErofs is a file an erofs superblock's magic makes a root image.
+func fakeErofs(tail string) []byte {
+	b := make([]byte, 2048)
+	binary.LittleEndian.PutUint32(b[1024:], 0xE0F5E1E2)
+	return append(b, tail...)
 }
 
 // start runs a session in dir (made if "") with nether.conf = the
@@ -84,7 +95,11 @@ func start(t *testing.T, eng *fake.Engine, dir, extra string, tweak ...func(*Opt
 	}
 	kernel, image := guestFiles(t)
 	sock := filepath.Join(dir, "ctl.sock")
-	text := fmt.Sprintf("control_socket = %s\naccel = tcg\nkernel = %s\nimage = %s\n%s", sock, kernel, image, extra)
+	rootfs := "rootfs = " + filepath.Join(filepath.Dir(image), RootImageFile) + "\n"
+	if strings.HasPrefix(extra, "rootfs =") || strings.Contains(extra, "\nrootfs =") {
+		rootfs = "" // the test's own
+	}
+	text := fmt.Sprintf("control_socket = %s\naccel = tcg\nkernel = %s\nimage = %s\n%s%s", sock, kernel, image, rootfs, extra)
 	if err := os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -501,6 +516,7 @@ func TestSectionsRefusedByName(t *testing.T) {
 			}
 			cfg := &conf.Config{Accel: "tcg", CPUs: 1, RAMMB: 512, ValidateSnapshot: base}
 			cfg.Kernel, cfg.Image = guestFiles(t)
+			cfg.Rootfs = filepath.Join(filepath.Dir(cfg.Image), RootImageFile)
 			_, err := Validate(context.Background(), cfg, fake.New(slog.Default()), t.TempDir())
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("validate: %v, want %q", err, tc.want)

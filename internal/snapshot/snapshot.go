@@ -96,8 +96,12 @@ type Fingerprint struct {
 	Accel         string `json:"accel"`          // "tcg" | "kvm"
 	KernelSHA256  string `json:"kernel_sha256"`
 	ImageSHA256   string `json:"image_sha256"`
-	CPUs          int    `json:"cpus"`
-	RAMMB         int    `json:"ram_mb"`
+	// RootfsSHA256 is the root image's digest; absent for a guest
+	// without one (rootfs = busybox), as in every artifact from before
+	// root images existed.
+	RootfsSHA256 string `json:"rootfs_sha256,omitempty"`
+	CPUs         int    `json:"cpus"`
+	RAMMB        int    `json:"ram_mb"`
 	// GPU: the machine had a display (gpu = 1). Absent in artifacts of
 	// machines without one, including every artifact from before
 	// displays existed, which is what they were.
@@ -375,6 +379,7 @@ func (a *Artifact) Match(fp Fingerprint) error {
 		{"net", zeroOne(have.Net), zeroOne(fp.Net)},
 		{"kernel_sha256", have.KernelSHA256, fp.KernelSHA256},
 		{"image_sha256", have.ImageSHA256, fp.ImageSHA256},
+		{"rootfs_sha256", orNone(have.RootfsSHA256), orNone(fp.RootfsSHA256)},
 		{"cpus", fmt.Sprint(have.CPUs), fmt.Sprint(fp.CPUs)},
 		{"ram_mb", fmt.Sprint(have.RAMMB), fmt.Sprint(fp.RAMMB)},
 	}
@@ -385,6 +390,14 @@ func (a *Artifact) Match(fp Fingerprint) error {
 		}
 	}
 	return nil
+}
+
+// orNone shows an absent digest in a message.
+func orNone(s string) string {
+	if s == "" {
+		return "none (rootfs = busybox)"
+	}
+	return s
 }
 
 func zeroOne(b bool) string {

@@ -80,6 +80,7 @@ type Machine struct {
 	vmgenid string
 	cmdline string
 	display bool // started with a display device (Spec.Display)
+	root    bool // started with a root image (Spec.RootImage)
 	// nic is the host end of the NIC's frame channel (Spec.NIC), closed
 	// once QEMU has exited; nil without a NIC.
 	nic      *os.File
@@ -103,7 +104,10 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	if err != nil {
 		return nil, fmt.Errorf("finding %s: %w (install Debian's qemu-system-x86, or run scripts/setup.sh)", Binary, err)
 	}
-	for _, f := range []string{spec.Kernel, spec.Initrd} {
+	for _, f := range []string{spec.Kernel, spec.Initrd, spec.RootImage} {
+		if f == "" {
+			continue
+		}
 		if _, err := os.Stat(f); err != nil {
 			return nil, fmt.Errorf("guest file: %w (run scripts/setup.sh to build the guest image)", err)
 		}
@@ -118,6 +122,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		qmpDone: make(chan struct{}),
 		cmdline: spec.Cmdline,
 		display: spec.Display,
+		root:    spec.RootImage != "",
 		info:    engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
 	}
 	defer func() {
@@ -395,6 +400,9 @@ func commandLine(spec engine.Spec, cmdline string, socks map[string]string, memF
 	if spec.NIC {
 		args = append(args, "-netdev", nicNetdev(nicFD), "-device", nicDevice)
 	}
+	if spec.RootImage != "" {
+		args = append(args, "-drive", rootDrive(spec.RootImage), "-device", rootDevice)
+	}
 	if spec.Incoming != nil {
 		args = append(args, "-incoming", "defer")
 	}
@@ -405,6 +413,17 @@ func commandLine(spec engine.Spec, cmdline string, socks map[string]string, memF
 		args = append(args, "-accel", "tcg,thread=multi", "-cpu", "max")
 	}
 	return args
+}
+
+// rootDevice is the root image's block device.
+const rootDevice = "virtio-blk-pci,drive=root,serial=" + engine.RootImageSerial
+
+// rootDrive is the root image's drive: raw and read-only, so any number of
+// sandboxes share one image file (and the host's page cache of it), and a
+// guest cannot change what its siblings and restores boot. QEMU's option
+// syntax doubles a comma inside a value.
+func rootDrive(path string) string {
+	return "file=" + strings.ReplaceAll(path, ",", ",,") + ",format=raw,if=none,id=root,readonly=on"
 }
 
 // NewGUID returns a random (version 4) GUID for the vmgenid device.

@@ -29,14 +29,17 @@ const (
 // such artifacts stay readable by older nethers), 2 for one with a
 // display, 3 for one with a NIC, so an older nether refuses such an
 // artifact by its version instead of starting QEMU without the device and
-// failing obscurely in the migration.
-const sectionVersion = 3
+// failing obscurely in the migration; 4 for one with a root image.
+const sectionVersion = 4
 
 // displaySectionVersion is the first version that records a display.
 const displaySectionVersion = 2
 
 // nicSectionVersion is the first version that records a NIC.
 const nicSectionVersion = 3
+
+// rootSectionVersion is the first version that records a root image.
+const rootSectionVersion = 4
 
 // section is the QEMU engine's part of an artifact's metadata.
 type section struct {
@@ -52,6 +55,9 @@ type section struct {
 	// NIC: the machine had a network card (net = 1); like the display,
 	// part of the device set a restore must match.
 	NIC bool `json:"nic,omitempty"`
+	// RootImage: the machine had a root image's block device; part of
+	// the device set too. Which image it was is in the fingerprint.
+	RootImage bool `json:"root_image,omitempty"`
 }
 
 // encode returns sec as an engine section of the version it needs.
@@ -67,6 +73,9 @@ func (sec section) encode() (engine.Section, error) {
 	if sec.NIC {
 		v = nicSectionVersion
 	}
+	if sec.RootImage {
+		v = rootSectionVersion
+	}
 	return engine.Section{Version: v, Data: data}, nil
 }
 
@@ -81,7 +90,18 @@ func (sec section) checkDevices(spec engine.Spec) error {
 		return fmt.Errorf("%w: the artifact was captured with net = %d (network card virtio-net-pci) and this sandbox has net = %d; set net in nether.conf as it was at capture",
 			engine.ErrDeviceMismatch, b2i(sec.NIC), b2i(spec.NIC))
 	}
+	if root := spec.RootImage != ""; sec.RootImage != root {
+		return fmt.Errorf("%w: the artifact was captured with %s and this sandbox has %s; set rootfs in nether.conf as it was at capture",
+			engine.ErrDeviceMismatch, rootName(sec.RootImage), rootName(root))
+	}
 	return nil
+}
+
+func rootName(root bool) string {
+	if root {
+		return "a root image (a block device)"
+	}
+	return "no root image (rootfs = busybox)"
 }
 
 func b2i(b bool) int {
@@ -112,6 +132,9 @@ func decodeSection(s engine.Section) (section, error) {
 	}
 	if sec.NIC && s.Version < nicSectionVersion {
 		return sec, fmt.Errorf("qemu engine section version %d cannot record a network card", s.Version)
+	}
+	if sec.RootImage && s.Version < rootSectionVersion {
+		return sec, fmt.Errorf("qemu engine section version %d cannot record a root image", s.Version)
 	}
 	return sec, nil
 }
@@ -200,7 +223,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return out, fmt.Errorf("saving device state: %w", err)
 	}
 	out.DeviceState = time.Since(start)
-	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil}
+	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil, RootImage: m.root}
 	if ram != nil {
 		sec.RAM = ramFile
 		start = time.Now()
