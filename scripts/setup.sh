@@ -27,7 +27,9 @@ busybox_static() {
 }
 
 missing=()
-for tool in qemu-system-x86_64 xz mke2fs dpkg-deb apt-get depmod; do
+# mmdebstrap and mkfs.erofs build the default guest's root image (nether-guest
+# rootfs); its packages come from Debian's mirror, nothing else is fetched.
+for tool in qemu-system-x86_64 xz mke2fs dpkg-deb apt-get depmod mmdebstrap mkfs.erofs; do
 	command -v "$tool" >/dev/null || missing+=("$tool")
 done
 busybox_static || missing+=("static /bin/busybox")
@@ -35,7 +37,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 	say "installing packages (missing: ${missing[*]})"
 	"${SUDO[@]}" apt-get update -qq
 	"${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-		qemu-system-x86 qemu-utils busybox-static xz-utils e2fsprogs kmod >/dev/null
+		qemu-system-x86 qemu-utils busybox-static xz-utils e2fsprogs kmod mmdebstrap erofs-utils >/dev/null
 	busybox_static || die "/bin/busybox is still not the static build after installing busybox-static"
 else
 	say "host packages present"
@@ -72,3 +74,9 @@ if [ -d cache/kernel ] && [ ! -e "$cache" ]; then
 	say "moved the kernel cache to $cache"
 fi
 bin/nether-guest build --agent bin/nether-agent --cache "$cache" --out build/guest
+
+# The default guest's root file system: Debian 12 built by mmdebstrap into a
+# cache beside the kernel's (keyed by everything that shapes the image), then
+# linked into build/guest. Once built, a run only checks the image's digest.
+# mmdebstrap needs root to keep the files' owners.
+"${SUDO[@]}" bin/nether-guest rootfs --cache "$(dirname "$cache")/rootfs" --out build/guest
