@@ -160,7 +160,6 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		return err
 	}
 	s.netComp.resetCarried()
-	s.life("restored backend=%s accel=%s", info.Backend, accel)
 	go s.watchAgent()
 	go func() {
 		s.setEgressListener(true)
@@ -308,6 +307,10 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 		return fmt.Errorf("resuming the restored guest: %w", err)
 	}
 	r.resumed = true
+	// Recorded before the handshake: once the agent answers, a waiting
+	// client's first command runs, and the timeline must already say the
+	// guest was restored before it.
+	s.life("restored backend=%s accel=%s", m.Info().Backend, s.getView().accel)
 	if r.claim != nil {
 		// The park is consumed the moment its guest runs again; the
 		// engine's own copy of the memory keeps it alive.
