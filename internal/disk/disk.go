@@ -1,0 +1,106 @@
+// Package disk prepares a sandbox's persistent disk on the host: a new
+// file is created sparse and formatted ext4 once, an existing one is
+// checked (ext4, or a copy-on-write layer nether made, large enough,
+// writable) and never reformatted, and every disk is locked for the life
+// of the sandbox that uses it, so two live sandboxes cannot open one file.
+//
+// Nothing here writes a file it did not create: a check that fails leaves
+// the file as it was.
+package disk
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+)
+
+// Format is how a disk file stores its blocks.
+type Format string
+
+const (
+	// Raw: the file is the block device, byte for byte (a disk nether
+	// created, or one a platform made with mkfs.ext4).
+	Raw Format = "raw"
+	// QCOW2: a copy-on-write layer over a snapshot's disk (a fork's disk).
+	QCOW2 Format = "qcow2"
+)
+
+// Info describes a disk file that passed the checks.
+type Info struct {
+	Path   string
+	Format Format
+	Size   int64 // the block device's size in bytes (qcow2: its virtual size)
+	Fresh  bool  // created and formatted by this Prepare
+}
+
+// Superblock facts of ext4 (Documentation/filesystems/ext4): the
+// superblock starts at byte 1024; s_magic is at 0x38 in it, and the
+// feature words at 0x5C (compat), 0x60 (incompat) and 0x64 (ro_compat).
+const (
+	sbOffset     = 1024
+	sbMagicOff   = 0x38
+	sbIncompat   = 0x60
+	sbCompat     = 0x5C
+	ext4Magic    = 0xEF53
+	incompatExts = 0x40  // EXTENTS: what sets ext4 apart from ext2/ext3
+	compatJournl = 0x4   // HAS_JOURNAL
+	qcow2Magic   = "QFI\xfb"
+)
+
+// sniff reads what a disk file is: raw ext4, qcow2, or neither.
+func sniff(f *os.File) (Format, int64, error) {
+	var b [sbOffset + 0x68]byte
+	n, err := f.ReadAt(b[:], 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return "", 0, err
+	}
+	if n >= 32 && string(b[:4]) == qcow2Magic {
+		// The qcow2 header: the virtual size is the big-endian uint64 at
+		// byte 24.
+		return QCOW2, int64(binary.BigEndian.Uint64(b[24:32])), nil
+	}
+	if n < len(b) || binary.LittleEndian.Uint16(b[sbOffset+sbMagicOff:]) != ext4Magic {
+		return "", 0, errNotExt4
+	}
+	incompat := binary.LittleEndian.Uint32(b[sbOffset+sbIncompat:])
+	compat := binary.LittleEndian.Uint32(b[sbOffset+sbCompat:])
+	if incompat&incompatExts == 0 || compat&compatJournl == 0 {
+		return "", 0, errExt23
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return "", 0, err
+	}
+	return Raw, st.Size(), nil
+}
+
+var (
+	errNotExt4 = errors.New("is not an ext4 file system (no ext4 superblock)")
+	errExt23   = errors.New("is an ext2 or ext3 file system, not ext4 with a journal")
+)
+
+// MiB is a mebibyte, the unit of disk_size_mb.
+const MiB = 1 << 20
+
+// checkExisting checks an existing disk file without writing it.
+func checkExisting(path string, sizeMB int) (Info, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return Info{}, fmt.Errorf("disk %s cannot be opened for writing: %w", path, err)
+	}
+	defer f.Close()
+	format, size, err := sniff(f)
+	switch {
+	case errors.Is(err, errNotExt4), errors.Is(err, errExt23):
+		return Info{}, fmt.Errorf("disk %s %w; nether formats only the disks it creates, so point disk = at a new path or an ext4 image", path, err)
+	case err != nil:
+		return Info{}, fmt.Errorf("reading disk %s: %w", path, err)
+	}
+	if want := int64(sizeMB) * MiB; size < want {
+		return Info{}, fmt.Errorf("disk %s holds %d MiB and disk_size_mb asks for %d; nether never resizes an existing disk: grow it yourself (truncate, then resize2fs) or lower disk_size_mb",
+			path, size/MiB, sizeMB)
+	}
+	return Info{Path: path, Format: format, Size: size}, nil
+}
