@@ -92,6 +92,16 @@ type Config struct {
 	// built, RootfsBusybox = none (the initramfs's busybox is the whole
 	// userland), else the absolute path of a root image file.
 	Rootfs string
+	// RunAs is the guest user every command runs as; "" = root, as
+	// before. A user name as /etc/passwd spells it; the guest resolves it.
+	RunAs string
+	// Disk is the persistent disk mounted at /data: "" = none, else the
+	// absolute path of its host file (created and formatted when absent).
+	// In a restore it names where the fork's own copy-on-write layer
+	// lives. DiskSizeMB is the size a new disk gets and the least an
+	// existing one must have.
+	Disk       string
+	DiskSizeMB int
 
 	// Snapshot / fork keys.
 	Restore            bool   // boot by restoring RestoreFrom instead of a fresh boot
@@ -133,6 +143,7 @@ func Defaults(dir string) *Config {
 		Accel:              engine.AccelAuto,
 		ForkReseed:         true,
 		MaxDataConns:       48,
+		DiskSizeMB:         DefaultDiskSizeMB,
 		Set:                map[string]int{},
 	}
 }
@@ -468,6 +479,28 @@ var fields = []field{
 			return setFile(&c.Rootfs, c.Dir, v)
 		},
 		func(c *Config) string { return c.Rootfs }},
+	{"run_as",
+		func(c *Config, v string) string {
+			if msg := checkUserName(v); msg != "" {
+				return msg
+			}
+			c.RunAs = v
+			return ""
+		},
+		func(c *Config) string { return c.RunAs }},
+	{"disk",
+		func(c *Config, v string) string {
+			p := resolve(c.Dir, v)
+			if st, err := os.Stat(p); err == nil && !st.Mode().IsRegular() {
+				return fmt.Sprintf("%s is not a regular file", p)
+			}
+			c.Disk = p
+			return ""
+		},
+		func(c *Config) string { return c.Disk }},
+	{"disk_size_mb",
+		func(c *Config, v string) string { return setInt(&c.DiskSizeMB, v, MinDiskSizeMB, MaxDiskSizeMB) },
+		func(c *Config) string { return strconv.Itoa(c.DiskSizeMB) }},
 	{"restore",
 		func(c *Config, v string) string { return setBool(&c.Restore, v) },
 		func(c *Config) string { return zeroOne(c.Restore) }},
@@ -594,8 +627,7 @@ func fieldByName(name string) *field {
 
 // unsupported lists keys the spec defines but this build does not implement.
 var unsupported = map[string]struct{}{
-	"disk": {}, "disk_size_mb": {},
-	"run_as": {}, "snapshot_save": {},
+	"snapshot_save": {},
 }
 
 // setUint sets *dst to the unsigned decimal v.
@@ -691,6 +723,35 @@ func checkHostname(v string) string {
 	}
 	if v[0] == '-' || v[len(v)-1] == '-' {
 		return fmt.Sprintf("%q starts or ends with '-'; a hostname (DNS label) must start and end with a letter or digit", v)
+	}
+	return ""
+}
+
+// Bounds of disk_size_mb. ext4 with a journal needs a few MiB; the top is
+// 1 TiB, far past what a sandbox's sparse file should grow to.
+const (
+	DefaultDiskSizeMB = 64
+	MinDiskSizeMB     = 8
+	MaxDiskSizeMB     = 1 << 20
+)
+
+// MaxUserName is the longest run_as name (useradd's limit).
+const MaxUserName = 32
+
+// checkUserName accepts the portable user names useradd does by default:
+// a lower-case letter or '_', then lower-case letters, digits, '_' or '-'.
+// The guest looks the name up; the host only keeps it well-formed, since
+// it travels on the kernel command line.
+func checkUserName(v string) string {
+	if v == "" || len(v) > MaxUserName {
+		return fmt.Sprintf("a user name is 1..%d characters", MaxUserName)
+	}
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		ok := c >= 'a' && c <= 'z' || c == '_' || i > 0 && (c >= '0' && c <= '9' || c == '-')
+		if !ok {
+			return fmt.Sprintf("%q is not a user name (a lower-case letter or '_', then lower-case letters, digits, '_' or '-')", v)
+		}
 	}
 	return ""
 }

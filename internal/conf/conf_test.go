@@ -54,7 +54,7 @@ func TestDefaults(t *testing.T) {
 	want := &Config{
 		Dir: dir, CPUs: 1, RAMMB: 512, MaxOutputBytes: 1048576,
 		MaxTransferBytes: 1 << 30, ConsoleLogMaxBytes: 4 << 20,
-		Accel: engine.AccelAuto, ForkReseed: true, MaxDataConns: 48, Set: map[string]int{},
+		Accel: engine.AccelAuto, ForkReseed: true, MaxDataConns: 48, DiskSizeMB: 64, Set: map[string]int{},
 	}
 	if !reflect.DeepEqual(c, want) {
 		t.Fatalf("Defaults = %+v, want %+v", c, want)
@@ -393,11 +393,18 @@ func TestParseErrors(t *testing.T) {
 		{"data_socket is the control socket", "control_socket = /tmp/c.sock\napp_port = 80\ndata_socket = /tmp/c.sock", 3, "data_socket", "same path as control_socket (line 1)"},
 		{"data_socket in console mode", "app_port = 80\ndata_socket = /tmp/d.sock", 2, "data_socket", "needs control_socket"},
 		{"data_socket too long", "data_socket = /" + strings.Repeat("d", 120), 1, "data_socket", "at most 107 bytes"},
+		{"run_as upper case", "run_as = Nether", 1, "run_as", "is not a user name"},
+		{"run_as with a colon", "run_as = a:b", 1, "run_as", "is not a user name"},
+		{"run_as digit first", "run_as = 1user", 1, "run_as", "is not a user name"},
+		{"run_as too long", "run_as = " + strings.Repeat("u", 33), 1, "run_as", "1..32 characters"},
+		{"disk a directory", "disk = /", 1, "disk", "is not a regular file"},
+		{"disk_size_mb too small", "disk_size_mb = 4", 1, "disk_size_mb", "out of range (8..1048576)"},
+		{"disk_size_mb not a number", "disk_size_mb = big", 1, "disk_size_mb", "not a whole number"},
 	}
 	// Every not-yet-implemented spec key must be refused with the same
 	// distinct message, whatever its value looks like.
 	for _, k := range []string{
-		"disk", "disk_size_mb", "run_as", "snapshot_save",
+		"snapshot_save",
 	} {
 		tests = append(tests, struct {
 			name, text string
@@ -630,6 +637,9 @@ func TestReport(t *testing.T) {
 		"kernel=",
 		"image=",
 		"rootfs=",
+		"run_as=",
+		"disk=",
+		"disk_size_mb=64",
 		"restore=0",
 		"restore_from=",
 		"snapshot_allow_dirty=0",
@@ -710,5 +720,28 @@ func eq[T comparable](t *testing.T, got, want T) {
 	t.Helper()
 	if got != want {
 		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// run_as and disk parse to what they say: a relative disk resolves
+// against the launch directory, and a file that does not exist yet is
+// fine (nether creates it).
+func TestRunAsAndDisk(t *testing.T) {
+	dir := launchDir(t)
+	c, err := parseString(t, "run_as = nether\ndisk = data/d.img\ndisk_size_mb = 128\n", dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.RunAs != "nether" || c.Disk != filepath.Join(dir, "data/d.img") || c.DiskSizeMB != 128 {
+		t.Fatalf("parsed %q %q %d", c.RunAs, c.Disk, c.DiskSizeMB)
+	}
+	back, err := parseString(t, c.Format(), dir)
+	if err != nil || !sameConfig(c, back) {
+		t.Fatalf("round trip: %v %+v", err, back)
+	}
+	for _, name := range []string{"_svc", "a-b_c9", "root"} {
+		if _, err := parseString(t, "run_as = "+name, dir); err != nil {
+			t.Errorf("run_as = %s: %v", name, err)
+		}
 	}
 }
