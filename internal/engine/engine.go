@@ -55,6 +55,10 @@ type Spec struct {
 	// device set, as Display is; the image's identity (its digest) is
 	// the session's to check.
 	RootImage string
+	// Disk, when set, is the sandbox's persistent disk: attached
+	// read-write with the serial DataDiskSerial, its writes flushed to
+	// the host file when the guest flushes. Part of the device set.
+	Disk *Disk
 
 	// Devices the next planes add (block devices) join Spec here as
 	// endpoint descriptions, and Machine grows the matching endpoint
@@ -81,6 +85,36 @@ const NICMTU = 65520
 // of devices, the serial does not.
 const RootImageSerial = "nether-root"
 
+// DataDiskSerial is the persistent disk's block device serial; the agent
+// mounts the device that has it at /data.
+const DataDiskSerial = "nether-data"
+
+// DiskFileName is the name of the disk layer inside an artifact.
+const DiskFileName = "disk"
+
+// Disk is a persistent disk's host file.
+type Disk struct {
+	// Path is the file the guest's writes go to: a raw ext4 image, or a
+	// copy-on-write layer over a snapshot's disk.
+	Path string
+	// Backing, when set, makes Start create Path (which must not exist)
+	// as a new copy-on-write layer over Backing, a committed artifact's
+	// disk layer: the fork reads the disk its memory expects and writes
+	// only into its own layer, which costs what it writes.
+	Backing string
+}
+
+// DiskCapturer is a Machine whose persistent disk can be captured with
+// its memory.
+type DiskCapturer interface {
+	// CaptureDisk starts copying the paused machine's disk, as it is at
+	// this instant, into the sink's DiskFileName, and returns at once:
+	// the guest may run again while the copy goes on (its later writes do
+	// not reach the copy). wait blocks until the copy is complete and
+	// durable, or failed; it must be called exactly once.
+	CaptureDisk(ctx context.Context, sink Sink) (wait func(context.Context) error, err error)
+}
+
 // Incoming is a committed artifact to restore.
 type Incoming struct {
 	// Dir is the artifact directory. Its files are immutable: an engine
@@ -105,7 +139,7 @@ type Section struct {
 }
 
 // Sink receives a capture's files. Only the names the artifact format
-// knows ("ram", "state") may be created.
+// knows ("ram", "state", DiskFileName) may be created.
 type Sink interface {
 	CreateFile(name string) (*os.File, error)
 }

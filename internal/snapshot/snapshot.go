@@ -72,7 +72,10 @@ const ChunkSize = 1 << 20
 
 // File names inside an artifact.
 const (
-	fileRAM       = "ram"
+	fileRAM = "ram"
+	// FileDisk is the persistent disk's layer (engine.DiskFileName):
+	// checksummed in chunks like ram, holes skipped.
+	FileDisk      = "disk"
 	fileState     = "state"
 	fileMeta      = "meta.json"
 	fileCommitted = "COMMITTED"
@@ -322,7 +325,7 @@ func validSectionName(s string) bool {
 // consistent with the size.
 func validateFiles(m *Meta) error {
 	for _, name := range sortedKeys(m.Files) {
-		if name != fileRAM && name != fileState {
+		if !dataFileName(name) {
 			return errc(ErrInvalid, nil, "metadata lists unknown file %q", name)
 		}
 	}
@@ -332,6 +335,11 @@ func validateFiles(m *Meta) error {
 	}
 	if st.Size < 0 || !isHexSHA256(st.SHA256) || len(st.Chunks) != 0 {
 		return errc(ErrInvalid, nil, "metadata for state is malformed (size %d, sha256 %q)", st.Size, st.SHA256)
+	}
+	if disk, ok := m.Files[FileDisk]; ok {
+		if disk.Size <= 0 || disk.SHA256 != "" || int64(len(disk.Chunks)) != chunkCount(disk.Size) {
+			return errc(ErrInvalid, nil, "metadata for disk is malformed (size %d, %d chunk checksums)", disk.Size, len(disk.Chunks))
+		}
 	}
 	ram, hasRAM := m.Files[fileRAM]
 	switch {
@@ -351,6 +359,15 @@ func validateFiles(m *Meta) error {
 	}
 	return nil
 }
+
+// dataFileName reports whether name is a data file an artifact may hold.
+func dataFileName(name string) bool {
+	return name == fileRAM || name == fileState || name == FileDisk
+}
+
+// chunked reports whether a data file is checksummed in chunks (large,
+// sparse files) rather than with one sha256.
+func chunked(name string) bool { return name == fileRAM || name == FileDisk }
 
 func sortedKeys[V any](m map[string]V) []string {
 	keys := make([]string, 0, len(m))

@@ -103,7 +103,7 @@ func (w *Writer) existsErr() error {
 // created in it.
 func (w *Writer) Dir() string { return filepath.Join(w.parentPath, w.partial) }
 
-// CreateFile creates "ram" or "state" (0600, exclusive, read-write so the
+// CreateFile creates "ram", "state" or "disk" (0600, exclusive, read-write so the
 // caller may mmap or pwrite it) in the partial directory.
 func (w *Writer) CreateFile(name string) (*os.File, error) {
 	w.mu.Lock()
@@ -111,9 +111,9 @@ func (w *Writer) CreateFile(name string) (*os.File, error) {
 	if w.done {
 		return nil, fmt.Errorf("snapshot %q: creating %s: writer already committed or aborted", w.name, name)
 	}
-	if name != fileRAM && name != fileState {
+	if !dataFileName(name) {
 		return nil, fmt.Errorf("snapshot %q: creating %q: %w", w.name, name,
-			errc(ErrInvalid, nil, "an artifact holds only %q and %q", fileRAM, fileState))
+			errc(ErrInvalid, nil, "an artifact holds only %q, %q and %q", fileRAM, fileState, FileDisk))
 	}
 	fd, err := unix.Openat(w.dirfd, name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err == nil {
@@ -264,9 +264,9 @@ func (w *Writer) dataFiles() (map[string]*os.File, error) {
 		}
 	}
 	for _, name := range names {
-		if name != fileRAM && name != fileState {
+		if !dataFileName(name) {
 			closeAll()
-			return nil, errc(ErrInvalid, nil, "unexpected file %q in %s (an artifact holds only ram and state)", name, w.Dir())
+			return nil, errc(ErrInvalid, nil, "unexpected file %q in %s (an artifact holds only ram, state and disk)", name, w.Dir())
 		}
 		f, err := openRegularAt(w.dirfd, name, unix.O_RDONLY)
 		if err == nil {
@@ -305,7 +305,7 @@ func checksumFiles(ctx context.Context, files map[string]*os.File) (map[string]F
 			}
 			fi := FileInfo{Size: st.Size}
 			var err error
-			if name == fileRAM {
+			if chunked(name) {
 				fi.Chunks, err = ramChunkCRCs(ctx, f, st.Size)
 			} else {
 				fi.SHA256, err = fileSHA256(ctx, f, st.Size)
@@ -618,11 +618,15 @@ func (a *Artifact) verify(ctx context.Context) error {
 	if st := got[fileState]; st.SHA256 != a.Meta.Files[fileState].SHA256 {
 		return errc(ErrCorrupt, nil, "state does not match its sha256 (corrupted)")
 	}
-	if ram, ok := a.Meta.Files[fileRAM]; ok {
-		have := got[fileRAM].Chunks
-		for i, want := range ram.Chunks {
+	for _, name := range []string{fileRAM, FileDisk} {
+		fi, ok := a.Meta.Files[name]
+		if !ok {
+			continue
+		}
+		have := got[name].Chunks
+		for i, want := range fi.Chunks {
 			if have[i] != want {
-				return errc(ErrCorrupt, nil, "ram chunk %d (offset %d) does not match its checksum (corrupted)", i, int64(i)*ChunkSize)
+				return errc(ErrCorrupt, nil, "%s chunk %d (offset %d) does not match its checksum (corrupted)", name, i, int64(i)*ChunkSize)
 			}
 		}
 	}
@@ -718,7 +722,7 @@ func (c *Claim) Consume() error {
 	defer func() { unix.Close(c.dirfd); c.dirfd = -1 }()
 	// Data first, CLAIMED last: an interrupted consume leaves a
 	// directory that Open reports as already woken, never as a park.
-	for _, name := range []string{fileRAM, fileState, fileMeta, fileClaimed} {
+	for _, name := range []string{fileRAM, fileState, FileDisk, fileMeta, fileClaimed} {
 		if err := unix.Unlinkat(c.dirfd, name, 0); err != nil && !errors.Is(err, unix.ENOENT) {
 			return pathErr(c.a.Dir, fmt.Errorf("consuming park: removing %s: %w", name, err))
 		}

@@ -37,3 +37,8 @@ type Claim struct{}
 func (a *Artifact) Claim() (*Claim, error) { return nil, pathErr(a.Dir, ErrUnsupported) }
 func (c *Claim) Consume() error            { return ErrUnsupported }
 func (c *Claim) Release() error            { return ErrUnsupported }
+
+// ChunkSums is Linux only.
+func ChunkSums(ctx context.Context, f *os.File, size int64) ([]uint32, error) {
+	return nil, ErrUnsupported
+}

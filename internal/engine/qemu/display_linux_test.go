@@ -104,7 +104,8 @@ func TestDecodeSectionVersions(t *testing.T) {
 		{"version 1 from before displays", 1, `{"ram":"file","vmgenid":"g","cmdline":"c"}`, ""},
 		{"version 2 without a display", 2, `{"ram":"stream","vmgenid":"g","cmdline":"c"}`, ""},
 		{"version 1 claiming a display", 1, `{"ram":"file","vmgenid":"g","cmdline":"c","display":true}`, "cannot record a display"},
-		{"version 5", 5, `{"ram":"file","vmgenid":"g","cmdline":"c"}`, "reads up to 4"},
+		{"version 4 claiming a disk", 4, `{"ram":"file","vmgenid":"g","cmdline":"c","disk":true}`, "cannot record a persistent disk"},
+		{"version 6", 6, `{"ram":"file","vmgenid":"g","cmdline":"c"}`, "reads up to 5"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := decodeSection(engine.Section{Version: tc.version, Data: json.RawMessage(tc.data)})

@@ -81,6 +81,9 @@ type Machine struct {
 	cmdline string
 	display bool // started with a display device (Spec.Display)
 	root    bool // started with a root image (Spec.RootImage)
+	disk    bool // started with a persistent disk (Spec.Disk)
+	// captures numbers the disk captures, for unique QMP node names.
+	captures int
 	// nic is the host end of the NIC's frame channel (Spec.NIC), closed
 	// once QEMU has exited; nil without a NIC.
 	nic      *os.File
@@ -115,6 +118,16 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	if spec.Display && spec.Incoming == nil {
 		warnPVHDisplay(e.log, spec.Kernel)
 	}
+	if d := spec.Disk; d != nil && d.Backing != "" {
+		if err := createLayer(ctx, d.Path, d.Backing); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err != nil {
+				os.Remove(d.Path)
+			}
+		}()
+	}
 	m := &Machine{
 		log:     e.log,
 		stderr:  &tailBuffer{max: 8 << 10},
@@ -123,6 +136,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		cmdline: spec.Cmdline,
 		display: spec.Display,
 		root:    spec.RootImage != "",
+		disk:    spec.Disk != nil,
 		info:    engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
 	}
 	defer func() {
@@ -402,6 +416,9 @@ func commandLine(spec engine.Spec, cmdline string, socks map[string]string, memF
 	}
 	if spec.RootImage != "" {
 		args = append(args, "-drive", rootDrive(spec.RootImage), "-device", rootDevice)
+	}
+	if spec.Disk != nil {
+		args = append(args, "-blockdev", dataBlockdev(spec.Disk.Path), "-device", dataDevice)
 	}
 	if spec.Incoming != nil {
 		args = append(args, "-incoming", "defer")

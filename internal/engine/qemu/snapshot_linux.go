@@ -29,8 +29,9 @@ const (
 // such artifacts stay readable by older nethers), 2 for one with a
 // display, 3 for one with a NIC, so an older nether refuses such an
 // artifact by its version instead of starting QEMU without the device and
-// failing obscurely in the migration; 4 for one with a root image.
-const sectionVersion = 4
+// failing obscurely in the migration; 4 for one with a root image; 5 for
+// one with a persistent disk.
+const sectionVersion = 5
 
 // displaySectionVersion is the first version that records a display.
 const displaySectionVersion = 2
@@ -40,6 +41,9 @@ const nicSectionVersion = 3
 
 // rootSectionVersion is the first version that records a root image.
 const rootSectionVersion = 4
+
+// diskSectionVersion is the first version that records a persistent disk.
+const diskSectionVersion = 5
 
 // section is the QEMU engine's part of an artifact's metadata.
 type section struct {
@@ -58,6 +62,9 @@ type section struct {
 	// RootImage: the machine had a root image's block device; part of
 	// the device set too. Which image it was is in the fingerprint.
 	RootImage bool `json:"root_image,omitempty"`
+	// Disk: the machine had a persistent disk; part of the device set.
+	// Which disk it was is the session's to record and check.
+	Disk bool `json:"disk,omitempty"`
 }
 
 // encode returns sec as an engine section of the version it needs.
@@ -76,6 +83,9 @@ func (sec section) encode() (engine.Section, error) {
 	if sec.RootImage {
 		v = rootSectionVersion
 	}
+	if sec.Disk {
+		v = diskSectionVersion
+	}
 	return engine.Section{Version: v, Data: data}, nil
 }
 
@@ -93,6 +103,10 @@ func (sec section) checkDevices(spec engine.Spec) error {
 	if root := spec.RootImage != ""; sec.RootImage != root {
 		return fmt.Errorf("%w: the artifact was captured with %s and this sandbox has %s; set rootfs in nether.conf as it was at capture",
 			engine.ErrDeviceMismatch, rootName(sec.RootImage), rootName(root))
+	}
+	if disk := spec.Disk != nil; sec.Disk != disk {
+		return fmt.Errorf("%w: the artifact was captured %s a persistent disk and this sandbox has %s",
+			engine.ErrDeviceMismatch, map[bool]string{true: "with", false: "without"}[sec.Disk], map[bool]string{true: "one (disk =)", false: "none"}[disk])
 	}
 	return nil
 }
@@ -135,6 +149,9 @@ func decodeSection(s engine.Section) (section, error) {
 	}
 	if sec.RootImage && s.Version < rootSectionVersion {
 		return sec, fmt.Errorf("qemu engine section version %d cannot record a root image", s.Version)
+	}
+	if sec.Disk && s.Version < diskSectionVersion {
+		return sec, fmt.Errorf("qemu engine section version %d cannot record a persistent disk", s.Version)
 	}
 	return sec, nil
 }
@@ -223,7 +240,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return out, fmt.Errorf("saving device state: %w", err)
 	}
 	out.DeviceState = time.Since(start)
-	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil, RootImage: m.root}
+	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil, RootImage: m.root, Disk: m.disk}
 	if ram != nil {
 		sec.RAM = ramFile
 		start = time.Now()
