@@ -124,6 +124,7 @@ func (c *consoleShell) runOnce(r *reaper) (unix.WaitStatus, error) {
 type account struct {
 	name     string
 	uid, gid uint32
+	groups   []uint32 // supplementary groups, from /etc/group
 	home     string
 }
 

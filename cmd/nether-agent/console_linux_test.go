@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,7 +40,7 @@ func TestLookupAccount(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := lookupAccount(passwd, tt.name)
-			if !errors.Is(err, tt.wantErr) || got != tt.want {
+			if !errors.Is(err, tt.wantErr) || !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("lookupAccount(%q) = %+v, %v; want %+v, %v", tt.name, got, err, tt.want, tt.wantErr)
 			}
 		})

@@ -15,12 +15,15 @@ import (
 
 // initSystem does what an init does before anything else can run: the
 // kernel gives PID 1 an empty rootfs with no mounts.
-func initSystem(log *slog.Logger) (map[string]string, error) {
+//
+// problems are what the host must hear about (hello's Problem): what was
+// asked for and could not be set up, such as the persistent disk.
+func initSystem(log *slog.Logger) (params map[string]string, problems []string, err error) {
 	var errs []error
 	// /proc, /sys and /dev first: the command line, the modules and the
 	// root image's device need them; a root switch carries them along.
 	errs = append(errs, mountAll(earlyMounts)...)
-	params := kernelParams()
+	params = kernelParams()
 	if err := loadModules("/etc/nether/modules", log); err != nil {
 		errs = append(errs, err)
 	}
@@ -32,6 +35,19 @@ func initSystem(log *slog.Logger) (map[string]string, error) {
 		}
 	}
 	errs = append(errs, mountAll(lateMounts)...)
+	if params["nether.disk"] == "1" {
+		if params["nether.root"] == "" {
+			// The busybox guest: the modules are still in the
+			// initramfs (prepareRoot loads them for a root image).
+			if err := loadModules(diskModuleList, log); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if err := mountData(); err != nil {
+			errs = append(errs, err)
+			problems = append(problems, err.Error())
+		}
+	}
 	if err := linkUp("lo"); err != nil {
 		errs = append(errs, fmt.Errorf("bringing up lo: %w", err))
 	}
@@ -50,7 +66,30 @@ func initSystem(log *slog.Logger) (map[string]string, error) {
 	}
 	os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
 	os.Setenv("HOME", "/root")
-	return params, errors.Join(errs...)
+	return params, problems, errors.Join(errs...)
+}
+
+// dataDir is where the persistent disk is mounted.
+const dataDir = "/data"
+
+// dataSerial is engine.DataDiskSerial.
+const dataSerial = "nether-data"
+
+// mountData mounts the persistent disk at /data, synchronously: every
+// write reaches the disk (and a flush, the host's file) before the write
+// returns, so what a program wrote survives the sandbox being killed.
+func mountData() error {
+	dev, err := waitBlockDevice(dataSerial, rootDeviceWait)
+	if err != nil {
+		return fmt.Errorf("the persistent disk: %w", err)
+	}
+	if err := os.MkdirAll(dataDir, 0o777); err != nil {
+		return fmt.Errorf("the persistent disk: %w", err)
+	}
+	if err := unix.Mount(dev, dataDir, "ext4", unix.MS_SYNCHRONOUS|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
+		return fmt.Errorf("mounting the persistent disk %s on %s: %w", dev, dataDir, err)
+	}
+	return nil
 }
 
 type mount struct {

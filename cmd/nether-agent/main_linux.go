@@ -22,13 +22,16 @@ const portName = "nether.channel"
 func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	startMS := uptimeMS()
-	var params map[string]string
+	var (
+		params   map[string]string
+		problems []string
+	)
 	if os.Getpid() == 1 {
 		// First of all: until then a stray signal ends the guest.
 		ignoreSignals()
 		// /proc/cmdline exists only once initSystem has mounted /proc.
 		var err error
-		if params, err = initSystem(log); err != nil {
+		if params, problems, err = initSystem(log); err != nil {
 			log.Error("agent: preparing the guest failed", "err", err)
 		}
 	} else {
@@ -64,9 +67,17 @@ func main() {
 	mux.Attach(port, true)
 
 	a := newAgent(log, r, mux, func() { powerOff(log) })
+	if name, ok := params["nether.run_as"]; ok {
+		// Unknown user: no command runs at all, rather than as root.
+		if err := a.policy.narrow(name, a.passwd, a.group); err != nil {
+			log.Error("agent: run_as", "err", err)
+			problems = append(problems, err.Error())
+		}
+	}
 	if hello, err := mux.Open(agentproto.Request{
 		Op: agentproto.OpHello, Version: agentproto.Version, Boot: bootID(),
 		StartMS: startMS, ModulesMS: modulesMS, HelloMS: uptimeMS(),
+		Problem: strings.Join(problems, "; "),
 	}.Encode()); err == nil {
 		hello.CloseWrite(nil)
 	}

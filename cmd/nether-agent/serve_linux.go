@@ -42,10 +42,16 @@ type agent struct {
 	serving atomic.Int64
 	// egress is the egress plane's listener (plane_linux.go).
 	egress egressListener
+	// policy is who commands and transfers act as (runas_linux.go).
+	policy *runAsPolicy
+	// passwd and group are the account files run_as is looked up in; a
+	// test points them elsewhere.
+	passwd, group string
 }
 
 func newAgent(log *slog.Logger, r *reaper, mux *channel.Mux, powerOff func()) *agent {
-	return &agent{log: log, reaper: r, mux: mux, powerOff: powerOff, gone: make(chan struct{})}
+	return &agent{log: log, reaper: r, mux: mux, powerOff: powerOff, gone: make(chan struct{}),
+		policy: &runAsPolicy{}, passwd: "/etc/passwd", group: "/etc/group"}
 }
 
 // run serves the streams the host opens until the channel closes (or ctx
@@ -70,7 +76,7 @@ func (a *agent) run(ctx context.Context) error {
 // shellEnv is the environment of every command. Commands start from a
 // known state, not from whatever the kernel handed PID 1.
 var shellEnv = []string{
-	"PATH=/bin:/sbin:/usr/bin:/usr/sbin",
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	"HOME=/root",
 	"USER=root",
 	"LOGNAME=root",
@@ -133,14 +139,7 @@ func (a *agent) exec(s *channel.Stream, command string) {
 		s.Reset("opening /dev/null: " + err.Error())
 		return
 	}
-	_, done, err := a.reaper.start("/bin/sh", []string{"sh", "-c", command}, &os.ProcAttr{
-		Dir:   "/root",
-		Env:   shellEnv,
-		Files: []*os.File{devnull, pw, pw},
-		// Its own session and process group, so no command can signal the
-		// agent's group or take over its terminal.
-		Sys: &syscall.SysProcAttr{Setsid: true},
-	})
+	_, done, err := a.reaper.start("/bin/sh", []string{"sh", "-c", command}, commandAttr(a.policy.get(), []*os.File{devnull, pw, pw}))
 	devnull.Close()
 	pw.Close()
 	if err != nil {
@@ -182,6 +181,12 @@ func (a *agent) exec(s *channel.Stream, command string) {
 // kernel has already reseeded its CRNG from the new vmgenid generation.
 func (a *agent) restored(s *channel.Stream, req agentproto.Request) {
 	var errs []string
+	// The policy first: a handshake that would widen it is refused
+	// before the guest changes in any other way.
+	if err := a.policy.narrow(req.RunAs, a.passwd, a.group); err != nil {
+		s.Reset("restore handshake: " + err.Error())
+		return
+	}
 	if req.Hostname != "" {
 		if err := setHostname(req.Hostname); err != nil {
 			errs = append(errs, "hostname: "+err.Error())

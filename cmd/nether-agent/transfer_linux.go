@@ -105,17 +105,27 @@ func (a *agent) put(s *channel.Stream, req agentproto.Request) {
 		s.Reset(fmt.Sprintf("%s: names a directory, not a file", showPath(path)))
 		return
 	}
-	if err := replaceable(path); err != nil {
-		s.Reset(err.Error())
-		return
-	}
 	mode := os.FileMode(req.Mode & 0o7777)
 	if mode == 0 {
 		mode = 0o644
 	}
-	tmp, err := os.CreateTemp(dir, ".nether-put-*")
+	// The names are resolved, and the file created, with the run_as
+	// user's credentials: a put reaches what the user's commands reach,
+	// and the file is the user's.
+	user := a.policy.get()
+	var tmp *os.File
+	err := asUser(user, func() error {
+		if err := replaceable(path); err != nil {
+			return err
+		}
+		var err error
+		if tmp, err = os.CreateTemp(dir, ".nether-put-*"); err != nil {
+			return fmt.Errorf("creating %s: %v", showPath(path), unwrapPathError(err))
+		}
+		return nil
+	})
 	if err != nil {
-		s.Reset(fmt.Sprintf("creating %s: %v", showPath(path), unwrapPathError(err)))
+		s.Reset(err.Error())
 		return
 	}
 	renamed := false
@@ -149,12 +159,17 @@ func (a *agent) put(s *channel.Stream, req agentproto.Request) {
 	}
 	// Again, now that the bytes are in: something may have appeared
 	// under the name while they arrived.
-	if err := replaceable(path); err != nil {
+	err = asUser(user, func() error {
+		if err := replaceable(path); err != nil {
+			return err
+		}
+		if err := os.Rename(tmp.Name(), path); err != nil {
+			return fmt.Errorf("renaming into %s: %v", showPath(path), unwrapPathError(err))
+		}
+		return nil
+	})
+	if err != nil {
 		s.Reset(err.Error())
-		return
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		s.Reset(fmt.Sprintf("renaming into %s: %v", showPath(path), unwrapPathError(err)))
 		return
 	}
 	renamed = true
@@ -239,7 +254,16 @@ func (a *agent) get(s *channel.Stream, req agentproto.Request) {
 	if open == nil {
 		open = openSource
 	}
-	fd, size, err := open(path)
+	var (
+		fd   int
+		size int64
+	)
+	// Opened with the run_as user's credentials: a get reads only what
+	// the user's commands could read.
+	err := asUser(a.policy.get(), func() (err error) {
+		fd, size, err = open(path)
+		return err
+	})
 	if err != nil {
 		s.Reset(err.Error())
 		return

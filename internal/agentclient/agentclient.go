@@ -119,6 +119,17 @@ func (c *Client) hello(_ context.Context, st *channel.Stream, req agentproto.Req
 		})
 		return
 	}
+	if req.Problem != "" {
+		// The guest is not what nether.conf asked for (a run_as user it
+		// does not know, a disk it could not mount): running commands in
+		// it anyway would run them another way than asked.
+		c.badOnce.Do(func() {
+			c.badErr = fmt.Errorf("the guest could not be set up as nether.conf asks: %s", agentproto.Printable(req.Problem, 1024))
+			c.log.Error("refusing to drive the guest agent", "err", c.badErr)
+			close(c.bad)
+		})
+		return
+	}
 	c.markUp()
 }
 

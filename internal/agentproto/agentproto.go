@@ -48,7 +48,10 @@ import (
 // (OpReseed came later without a bump: an agent that predates it refuses
 // it by name, so a host learns it cannot reseed that guest; nothing is
 // misread.)
-const Version = 5
+// 6: OpRestored may carry RunAs, which narrows the guest's run_as policy
+// (an older agent would drop it and keep running commands as root), and
+// hello carries Problem.
+const Version = 6
 
 // Text is a string carried byte for byte. JSON strings must be UTF-8, and
 // encoding/json replaces every byte that is not with U+FFFD, so a command
@@ -143,6 +146,14 @@ type Request struct {
 	// MAC is eth0's new hardware address (a fork with a network): each
 	// child's NIC gets its own, though it sits behind its own NAT.
 	MAC string `json:"mac,omitempty"`
+	// RunAs is the run_as user the restored sandbox asks for: "" keeps
+	// the guest's policy; a user narrows root to that user; a request
+	// that would widen or change a user's policy is refused.
+	RunAs string `json:"run_as,omitempty"`
+	// Problem (hello) is what the guest could not set up as asked (a
+	// run_as user it does not know, a disk it could not mount): the host
+	// refuses to run commands in it and says why.
+	Problem string `json:"problem,omitempty"`
 	// Seed is what a reseed mixes into the guest's entropy pool:
 	// MinSeed to MaxSeed random bytes.
 	Seed Text `json:"seed,omitempty"`
@@ -231,4 +242,19 @@ func ValidConn(id string) bool {
 		}
 	}
 	return true
+}
+
+// Printable is guest-sent text made safe for a host log line or error
+// message: at most n bytes, each control or non-ASCII byte as \xNN.
+func Printable(s string, n int) string {
+	s = truncate(s, n)
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c >= 0x20 && c < 0x7f {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, `\x%02x`, c)
+		}
+	}
+	return b.String()
 }
