@@ -119,6 +119,8 @@ func (s *Session) Info() string {
 		{"net", onOff[s.cfg.Net]},
 		{"firewall", onOff[s.cfg.Net && !s.cfg.NetOpen]},
 		{"gpu", onOff[s.cfg.GPU]},
+		{"run_as", orRoot(v.runAs)},
+		{"disk", dash(s.infoDisk())},
 		{"data_plane", onOff[s.dataPlane()]},
 		{"app_port", s.appPort},
 		{"egress_plane", onOff[s.egressPlane()]},
@@ -139,4 +141,21 @@ func (s *Session) Info() string {
 		fmt.Fprintf(&b, "%s=%v\n", kv[0], kv[1])
 	}
 	return b.String()
+}
+
+func orRoot(user string) string {
+	if user == "" {
+		return "root"
+	}
+	return user
+}
+
+// infoDisk is the persistent disk's host file, once the session has one.
+func (s *Session) infoDisk() string {
+	select {
+	case <-s.ready:
+		return s.diskPath
+	default:
+		return ""
+	}
 }

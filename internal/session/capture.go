@@ -163,6 +163,7 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 	}
 	paused := time.Now()
 	sections := map[string]snapshot.Section{}
+	s.diskComp.kind = kind
 	if err := s.comps.save(sections); err != nil {
 		return fail(err)
 	}
@@ -171,6 +172,12 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		return fail(err)
 	}
 	sections[snapshot.SectionEngine] = snapshot.Section(captured.Section)
+	// The disk as it is now, copied while the guest runs on (a base):
+	// its memory and its disk agree in every fork.
+	diskCopied, err := s.startDiskCapture(ctx, kind, w)
+	if err != nil {
+		return fail(err)
+	}
 	res.mode = snapshot.RAMStream
 	if captured.RAMInFile {
 		res.mode = snapshot.RAMFile
@@ -179,6 +186,13 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		resumeGuest()
 	}
 	res.pause = time.Since(start)
+	diskStart := time.Now()
+	if err := diskCopied(ctx); err != nil {
+		return fail(fmt.Errorf("capturing the disk: %w", err))
+	}
+	if s.diskPath != "" && kind == snapshot.KindBase {
+		s.log.Info("disk captured", "copy_ms", time.Since(diskStart).Milliseconds())
+	}
 	s.log.Info("capture pause", "kind", kind, "pause_ms", res.pause.Milliseconds(),
 		"drain_and_stop_ms", paused.Sub(start).Milliseconds(), "device_state_ms", captured.DeviceState.Milliseconds(),
 		"ram_copy_ms", captured.RAMCopy.Milliseconds(), "ram_bytes", captured.RAMBytes)

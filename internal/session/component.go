@@ -48,7 +48,9 @@ type components []Component
 // check their sections (validate_snapshot).
 // con carries the console's screen and nc the guest's connections; nil
 // (validate_snapshot) only checks their sections.
-func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *consoleComponent, nc *netComponent, pc *planesComponent) (components, *channelComponent) {
+// dc carries the persistent disk's section and pol the run_as policy;
+// nil likewise.
+func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *consoleComponent, nc *netComponent, pc *planesComponent, dc *diskComponent, pol *policyComponent) (components, *channelComponent) {
 	cc := &channelComponent{newMux: newMux}
 	if con == nil {
 		con = &consoleComponent{}
@@ -59,7 +61,13 @@ func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *conso
 	if pc == nil {
 		pc = &planesComponent{}
 	}
-	return components{cc, con, nc, pc}, cc
+	if dc == nil {
+		dc = &diskComponent{}
+	}
+	if pol == nil {
+		pol = &policyComponent{}
+	}
+	return components{cc, con, nc, pc, dc, pol}, cc
 }
 
 // save collects every component's section.

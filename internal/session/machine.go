@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -94,6 +95,17 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		// in the guest's memory, before anything else runs.
 		cmdline += " nether.root=" + fstype
 	}
+	if !s.cfg.Restore {
+		if s.cfg.RunAs != "" && s.cfg.RunAs != "root" {
+			// The agent looks the user up before it says hello, and
+			// refuses every command if it cannot.
+			cmdline += " nether.run_as=" + s.cfg.RunAs
+			s.setView(func(v *view) { v.runAs = s.cfg.RunAs })
+		}
+		if s.cfg.Disk != "" {
+			cmdline += " nether.disk=1"
+		}
+	}
 
 	s.setView(func(v *view) { v.accel = accel })
 
@@ -112,13 +124,18 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	}
 
 	s.netComp = &netComponent{s: s}
-	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }, s.consoleComponent(), s.netComp, &planesComponent{s: s})
+	s.diskComp = &diskComponent{s: s}
+	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }, s.consoleComponent(), s.netComp, &planesComponent{s: s}, s.diskComp, &policyComponent{s: s})
 	var r *restoring
 	if s.cfg.Restore {
 		if r, err = s.openArtifact(ctx, &spec, comps); err != nil {
 			return err
 		}
 		defer r.close()
+	} else if s.cfg.Disk != "" {
+		if err := s.bootDisk(ctx, &spec); err != nil {
+			return err
+		}
 	}
 	m, err := s.opt.Engine.Start(ctx, spec)
 	if err != nil {
@@ -126,6 +143,20 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 			return fmt.Errorf("restoring %s: %w", r.art.Dir, err)
 		}
 		return fmt.Errorf("booting the guest: %w", err)
+	}
+	if d := spec.Disk; d != nil && d.Backing != "" {
+		// The fork's layer is new and its own: a failed restore takes
+		// it along, and a second nether cannot open it while this runs.
+		defer func() {
+			if err != nil {
+				s.releaseDisk()
+				os.Remove(d.Path)
+			}
+		}()
+		if err := s.lockForkLayer(); err != nil {
+			m.Quit(ctx)
+			return err
+		}
 	}
 	defer func() {
 		if err != nil {
@@ -248,6 +279,14 @@ func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec, comps com
 	if err := comps.check(art.Meta.Sections); err != nil {
 		return fail(err)
 	}
+	runAs, err := restoredRunAs(art, s.cfg.RunAs)
+	if err != nil {
+		return fail(err)
+	}
+	s.setView(func(v *view) { v.runAs = runAs })
+	if err := s.restoreDisk(ctx, spec, art); err != nil {
+		return fail(err)
+	}
 	// What does not need the engine is checked before it starts (the
 	// shape, the accelerator, the guest files): a mismatch there must be
 	// named, not surface as the engine refusing the memory. The engine's
@@ -325,7 +364,7 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 	}
 	hctx, cancel := context.WithTimeout(ctx, s.opt.HandshakeTimeout)
 	defer cancel()
-	req := agentproto.Request{Fork: fork, MachineID: machineID}
+	req := agentproto.Request{Fork: fork, MachineID: machineID, RunAs: s.getView().runAs}
 	var mac net.HardwareAddr
 	if fork {
 		mac = s.newGuestMAC()
@@ -469,7 +508,7 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 	if err != nil {
 		return "", err
 	}
-	comps, _ := newComponents(nil, nil, nil, nil)
+	comps, _ := newComponents(nil, nil, nil, nil, nil, nil)
 	if err := comps.check(art.Meta.Sections); err != nil {
 		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
 	}
@@ -494,6 +533,12 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 	}
 	if err := art.Verify(ctx); err != nil {
 		return "", err
+	}
+	if _, err := restoredRunAs(art, ""); err != nil {
+		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
+	}
+	if err := validateDisk(ctx, art); err != nil {
+		return "", fmt.Errorf("snapshot %s: %w", art.Dir, err)
 	}
 	return art.Summary(), nil
 }

@@ -20,6 +20,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,6 +30,7 @@ import (
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/consolelog"
 	"github.com/nethersandbox/nether/internal/control"
+	"github.com/nethersandbox/nether/internal/disk"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/jail"
 	"github.com/nethersandbox/nether/internal/meter"
@@ -108,6 +110,11 @@ type Session struct {
 	rootImage     string // "" without one (rootfs = busybox)
 	digests       *digests
 	art           *snapshot.Artifact // the artifact a restore starts from
+	// diskPath is the persistent disk's host file ("" without one), set
+	// by assemble; diskLock holds it for the session's life.
+	diskPath string
+	diskLock atomic.Pointer[disk.Lock]
+	diskComp *diskComponent
 
 	// Set once by assemble, before ready is closed; read freely after.
 	machine engine.Machine
@@ -151,7 +158,8 @@ type view struct {
 	identity snapshot.Identity
 	snapshot string // the artifact restored from, "" for a boot
 	parent   string
-	claimed  bool // a __claim__ gave this fork its identity
+	claimed  bool   // a __claim__ gave this fork its identity
+	runAs    string // the guest's run_as policy: "" = root
 }
 
 // errStopping is the cause of the root context's cancellation.
@@ -257,6 +265,7 @@ func (s *Session) run() (reason string, err error) {
 	// Deferred first, so it runs last: the host sockets of the guest's
 	// flows close once the guest is gone.
 	defer s.stopNetwork()
+	defer s.releaseDisk()
 	defer s.quitMachine()
 
 	var engineDone <-chan struct{}
