@@ -13,19 +13,30 @@ import (
 
 // Manifest describes one image. It sits beside the image, as ManifestFile,
 // in the cache entry and in the output directory.
+//
+// An image Build made has a suite, packages and a key; one Import made
+// has a name, a source and a platform instead (and the digest of the OCI
+// image it came from). The session reads only sha256 and bytes.
 type Manifest struct {
 	Format   Format   `json:"format"`
 	SHA256   string   `json:"sha256"` // hex digest of the image file
 	Bytes    int64    `json:"bytes"`  // length of the image file
-	Suite    string   `json:"suite"`
-	Packages []string `json:"packages"` // the recipe's, sorted; their dependencies are not listed
-	Key      string   `json:"key"`      // Recipe.Key of the recipe that built it
+	Suite    string   `json:"suite,omitempty"`
+	Packages []string `json:"packages,omitempty"` // the recipe's, sorted; their dependencies are not listed
+	Key      string   `json:"key,omitempty"`      // Recipe.Key of the recipe that built it
+
+	Name     string `json:"name,omitempty"`     // Import's --name, or the source's
+	Source   string `json:"source,omitempty"`   // kind:path or image:reference, as Import read it
+	Digest   string `json:"digest,omitempty"`   // the imported OCI image's manifest digest
+	Platform string `json:"platform,omitempty"` // linux/amd64
 }
 
-// Equal reports whether m and o describe the same image of the same recipe.
+// Equal reports whether m and o describe the same image of the same recipe
+// or source.
 func (m *Manifest) Equal(o *Manifest) bool {
 	return m.Format == o.Format && m.SHA256 == o.SHA256 && m.Bytes == o.Bytes &&
-		m.Suite == o.Suite && slices.Equal(m.Packages, o.Packages) && m.Key == o.Key
+		m.Suite == o.Suite && slices.Equal(m.Packages, o.Packages) && m.Key == o.Key &&
+		m.Name == o.Name && m.Source == o.Source && m.Digest == o.Digest && m.Platform == o.Platform
 }
 
 // ReadManifest reads the manifest at path.

@@ -55,6 +55,16 @@ func (ExecTools) Check(r Recipe) error {
 	return nil
 }
 
+// checkMakeFS fails, saying what to install, when the format's mkfs is
+// missing.
+func checkMakeFS(f Format) error {
+	prog := mkfsOptions[f][0]
+	if _, err := exec.LookPath(prog); err != nil {
+		return fmt.Errorf("%s not found: install it with apt-get install %s (scripts/setup.sh installs erofs-utils)", prog, mkfsPackage[f])
+	}
+	return nil
+}
+
 // Bootstrap implements Tools.
 func (t ExecTools) Bootstrap(ctx context.Context, r Recipe, tree string) error {
 	out, err := t.run(ctx, nil, "mmdebstrap", r.BootstrapArgs(tree)...)

@@ -23,6 +23,18 @@ func (ExecTools) Bootstrap(context.Context, Recipe, string) error { return errUn
 // MakeFS implements Tools.
 func (ExecTools) MakeFS(context.Context, Recipe, string, string) error { return errUnsupported }
 
+func checkMakeFS(Format) error { return errUnsupported }
+func checkShell(string) error  { return errUnsupported }
+func extractLayers(context.Context, string, []layerSource) (ExtractStats, error) {
+	return ExtractStats{}, errUnsupported
+}
+
+// ExtractStats counts what an extraction wrote and left out.
+type ExtractStats struct {
+	Entries, Devices, Other, Whiteouts int
+	Bytes                              int64
+}
+
 func lockDir(context.Context, string) (func(), error) { return nil, errUnsupported }
 func unmountBelow(string) error                       { return errUnsupported }
 func owner(string) (int, int, error)                  { return 0, 0, errUnsupported }

@@ -2,7 +2,9 @@ package rootimage
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,24 +83,95 @@ func finishTree(tree string) error {
 			return err
 		}
 	}
+	if err := finishRoot(tree); err != nil {
+		return err
+	}
+	return checkUser(tree)
+}
+
+// finishRoot makes tree a root the agent can switch into, whoever made
+// it: empty mount points, /tmp 1777, a /root for commands to start in,
+// and regular /etc/hostname and /etc/hosts for the agent to rewrite. It
+// follows no symlink of the tree's: an imported tree is an archive's, and
+// its tmp -> / must not make the host's / world-writable. So it refuses
+// an etc that is not a directory, and replaces a mount point or tmp that
+// is not one (the guest mounts over them or needs them as they are).
+func finishRoot(tree string) error {
+	etc := filepath.Join(tree, "etc")
+	fi, err := os.Lstat(etc)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if err := os.Mkdir(etc, 0o755); err != nil {
+			return err
+		}
+	case err != nil:
+		return err
+	case !fi.IsDir():
+		return fmt.Errorf("the image's /etc is a %s, not a directory", fileKind(fi.Mode()))
+	}
 	for _, mp := range mountPoints {
 		if err := emptyDir(filepath.Join(tree, mp.path), mp.mode); err != nil {
 			return err
 		}
 	}
-	if err := chmodDir(filepath.Join(tree, "tmp"), 0o777|os.ModeSticky); err != nil {
+	tmp := filepath.Join(tree, "tmp")
+	if fi, err := os.Lstat(tmp); err == nil && !fi.IsDir() {
+		if err := os.Remove(tmp); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return err
+	}
+	if err := chmodDir(tmp, 0o777|os.ModeSticky); err != nil {
+		return err
+	}
+	// Commands start in /root; a symlink there is the guest's to follow.
+	if _, err := os.Lstat(filepath.Join(tree, "root")); errors.Is(err, fs.ErrNotExist) {
+		if err := os.Mkdir(filepath.Join(tree, "root"), 0o700); err != nil {
+			return err
+		}
 	}
 	for name, data := range map[string]string{"etc/hostname": "sandbox\n", "etc/hosts": hostsFile} {
 		p := filepath.Join(tree, name)
 		if err := os.RemoveAll(p); err != nil { // a symlink or directory would not be rewritable in place
 			return err
 		}
-		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+		if err := writeNew(p, []byte(data), 0o644); err != nil {
 			return err
 		}
 	}
-	return checkUser(tree)
+	return nil
+}
+
+// writeNew creates the file p, which must not exist (nor be a symlink).
+func writeNew(p string, data []byte, perm os.FileMode) error {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(perm); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// fileKind names a file's type for a message.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeSymlink != 0:
+		return "symlink"
+	case m.IsDir():
+		return "directory"
+	case m.IsRegular():
+		return "file"
+	}
+	return "special file"
 }
 
 // keepOnly removes everything in dir but the file named keep; a dir that is
