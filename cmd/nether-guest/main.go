@@ -1,10 +1,12 @@
 // Command nether-guest builds the guest's images. build fetches Debian's
 // generic kernel into a cache and writes vmlinux, vmlinuz, initramfs.cpio and
 // manifest.json; rootfs builds the default guest's Debian root file system
-// image, rootfs.img, and its manifest rootfs.json.
+// image, rootfs.img, and its manifest rootfs.json; import makes a root
+// image from a root file system tarball or an OCI image instead.
 //
 //	nether-guest build --agent bin/nether-agent [--cache ~/.cache/nether/kernel] --out build/guest [--busybox /bin/busybox]
 //	nether-guest rootfs [--cache ~/.cache/nether/rootfs] [--out build/guest] [--format erofs|squashfs|ext4] [--packages a,b,c]
+//	nether-guest import (--tar FILE | --oci-layout DIR | --docker-archive FILE | --image REF) --out DIR [--format erofs|squashfs|ext4] [--name NAME]
 package main
 
 import (
@@ -26,12 +28,50 @@ import (
 
 const usage = `usage: nether-guest build --agent PATH [--cache DIR] [--out DIR] [--busybox PATH] [--modules a,b,c] [-v]
        nether-guest rootfs [--cache DIR] [--out DIR] [--format erofs|squashfs|ext4] [--packages a,b,c] [-v]
+       nether-guest import (--tar FILE | --oci-layout DIR | --docker-archive FILE | --image REF)
+                           --out DIR [--format erofs|squashfs|ext4] [--name NAME] [-v]
+
+Each writes into --out; rootfs and import write rootfs.img and its manifest
+rootfs.json, which nether.conf selects with rootfs = DIR/rootfs.img.
+nether-guest COMMAND -h describes a command's flags.
+`
+
+const importUsage = `usage: nether-guest import SOURCE --out DIR [--format erofs|squashfs|ext4] [--name NAME] [-v]
+
+Makes a guest root image from another system's root file system, writing
+DIR/rootfs.img and DIR/rootfs.json (boot it with rootfs = DIR/rootfs.img in
+nether.conf). SOURCE is one of:
+
+  --tar FILE             a root file system tarball (docker export, podman export,
+                         tar -C ROOT -c .), plain or gzip, zstd, xz or bzip2 compressed
+  --oci-layout DIR       an OCI image layout directory (skopeo copy ... oci:DIR)
+  --docker-archive FILE  a docker save / podman save archive of one image
+  --image REF            an image in a registry (debian:12, ghcr.io/o/i@sha256:...),
+                         with docker login's credentials if any
+
+An OCI image's layers are flattened in order with their whiteouts applied;
+from an index the linux/amd64 image is taken. The image keeps its own
+users, owners and modes (run as root to keep owners); device nodes are left
+out; mount points, /tmp and /etc/hosts are made as the guest needs them.
+It must have a /bin/sh for x86-64: the guest runs every command with it.
+
+An archive entry that is absolute, has a .. component, is a link out of the
+root or would be written through a symlink, an image for another platform,
+one without /bin/sh and a truncated archive are refused, naming the cause;
+nothing is written to DIR then.
+
+Flags:
 `
 
 func main() {
 	cmds := map[string]func(context.Context, []string, io.Writer, io.Writer) error{
 		"build":  build,
 		"rootfs": rootfs,
+		"import": importImage,
+	}
+	if len(os.Args) == 2 && (os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help") {
+		fmt.Print(usage)
+		return
 	}
 	if len(os.Args) < 2 || cmds[os.Args[1]] == nil {
 		fmt.Fprint(os.Stderr, usage)
@@ -40,6 +80,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := cmds[os.Args[1]](ctx, os.Args[2:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return // the flag set printed it
+		}
 		fmt.Fprintf(os.Stderr, "nether-guest: %v\n", err)
 		os.Exit(1)
 	}
@@ -145,5 +188,79 @@ func rootfs(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		fmt.Fprintf(stdout, "; mmdebstrap %.1fs, mkfs %.1fs", res.Bootstrap.Seconds(), res.MakeFS.Seconds())
 	}
 	fmt.Fprintln(stdout, ")")
+	return nil
+}
+
+func importImage(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("import", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, importUsage)
+		fs.PrintDefaults()
+	}
+	tarFile := fs.String("tar", "", "root file system tarball")
+	layoutDir := fs.String("oci-layout", "", "OCI image layout directory")
+	archive := fs.String("docker-archive", "", "docker save / podman save archive")
+	ref := fs.String("image", "", "registry image reference")
+	out := fs.String("out", "", "output directory (required): rootfs.img and rootfs.json go there")
+	format := fs.String("format", string(rootimage.DefaultFormat), "file system: erofs, squashfs or ext4")
+	name := fs.String("name", "", "the image's name in its manifest (default: the source's)")
+	verbose := fs.Bool("v", false, "debug logging, and mkfs's output")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	var srcs []rootimage.Source
+	for _, c := range []struct {
+		kind rootimage.SourceKind
+		val  string
+	}{
+		{rootimage.SourceTar, *tarFile}, {rootimage.SourceOCILayout, *layoutDir},
+		{rootimage.SourceDockerArchive, *archive}, {rootimage.SourceImage, *ref},
+	} {
+		if c.val == "" {
+			continue
+		}
+		s := rootimage.Source{Kind: c.kind, Path: c.val}
+		if c.kind == rootimage.SourceImage {
+			s = rootimage.Source{Kind: c.kind, Ref: c.val}
+		}
+		srcs = append(srcs, s)
+	}
+	if len(srcs) != 1 {
+		return errors.New("give exactly one of --tar, --oci-layout, --docker-archive and --image")
+	}
+	if *out == "" {
+		return errors.New("--out is required: the directory for rootfs.img and rootfs.json")
+	}
+	f, err := rootimage.ParseFormat(*format)
+	if err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	tools := rootimage.ExecTools{}
+	if *verbose {
+		level = slog.LevelDebug
+		tools.Output = stderr
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	start := time.Now()
+	res, err := rootimage.Import(ctx, rootimage.ImportOptions{Source: srcs[0], Out: *out, Format: f, Name: *name, Log: log, Tools: tools})
+	if err != nil {
+		return fmt.Errorf("importing %s: %w", srcs[0], err)
+	}
+	m, st := res.Manifest, res.Stats
+	fmt.Fprintf(stdout, "root image %q imported into %s: %s, %.1f MiB, %s, %d entries from %d layer(s)",
+		m.Name, *out, m.Format, float64(m.Bytes)/(1<<20), m.Platform, st.Entries, res.Layers)
+	if st.Whiteouts > 0 {
+		fmt.Fprintf(stdout, ", %d whiteouts", st.Whiteouts)
+	}
+	if st.Devices > 0 {
+		fmt.Fprintf(stdout, ", %d device nodes left out", st.Devices)
+	}
+	fmt.Fprintf(stdout, " (extract %.1fs, mkfs %.1fs, %.2fs)\nboot it with rootfs = %s\n", res.Extract.Seconds(), res.MakeFS.Seconds(), time.Since(start).Seconds(), res.Image)
 	return nil
 }

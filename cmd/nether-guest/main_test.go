@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,5 +39,50 @@ func TestRootfsRefusesBadArguments(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestImportRefusesBadArguments: import needs exactly one source and an
+// --out, and fails before anything is read or created.
+func TestImportRefusesBadArguments(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no source", []string{}, "give exactly one of --tar, --oci-layout, --docker-archive and --image"},
+		{"two sources", []string{"--tar", "a.tar", "--image", "debian:12"}, "give exactly one of"},
+		{"no out", []string{"--tar", "a.tar", "--out", ""}, "--out is required"},
+		{"unknown format", []string{"--tar", "a.tar", "--format", "zfs"}, `unknown root image format "zfs"`},
+		{"stray argument", []string{"--tar", "a.tar", "extra"}, "unexpected arguments"},
+		{"missing tarball", []string{"--tar", "/nonexistent/a.tar"}, "no such file or directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			out := filepath.Join(dir, "out")
+			args := append([]string{"--out", out}, tc.args...)
+			var stdout, stderr bytes.Buffer
+			err := importImage(context.Background(), args, &stdout, &stderr)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one containing %q", err, tc.want)
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+				t.Errorf("%s holds %v", dir, ents)
+			}
+		})
+	}
+}
+
+// TestImportHelp: -h describes the sources and the errors.
+func TestImportHelp(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := importImage(context.Background(), []string{"-h"}, &stdout, &stderr)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v", err)
+	}
+	for _, want := range []string{"--tar FILE", "--oci-layout DIR", "--docker-archive FILE", "--image REF", "rootfs = DIR/rootfs.img", "-format"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("help lacks %q:\n%s", want, stderr.String())
+		}
 	}
 }
