@@ -278,9 +278,12 @@ func (x *extractor) clear(dfd int, dir, base string, isDir bool) error {
 
 // remove removes rel and everything below it, and forgets the metadata of
 // the directories it held. Its parent was opened without symlinks, and
-// RemoveAll follows none.
+// RemoveAll follows none. The cached directory fd is dropped only when it
+// is rel or below it: callers hold the fd of rel's parent.
 func (x *extractor) remove(rel string) error {
-	x.forget()
+	if x.cachedDir == rel || strings.HasPrefix(x.cachedDir, rel+"/") {
+		x.forget()
+	}
 	for d := range x.dirs {
 		if d == rel || strings.HasPrefix(d, rel+"/") {
 			delete(x.dirs, d)

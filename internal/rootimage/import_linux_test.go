@@ -581,6 +581,7 @@ func flattenLayers(t *testing.T) []v1.Layer {
 			dir("opt/old/"), file("opt/old/a", "lower a"), dir("opt/old/sub/"), file("opt/old/sub/x", "lower x"),
 			dir("var/cache/"), file("var/cache/big", "lower"),
 			file("lib/gone-then-back", "first"),
+			dir("srv/data/"), file("srv/data/f", "lower"), file("srv/zz", "z"),
 		)...),
 		layerOf(t,
 			file("etc/.wh.gone.txt", ""),
@@ -592,6 +593,9 @@ func flattenLayers(t *testing.T) []v1.Layer {
 			file("var/.wh.cache", ""),
 			file("lib/.wh.gone-then-back", ""),
 			file(".wh.never-there", ""),
+			// A directory replaced by a file, then more in its parent.
+			file("srv/data", "now a file"),
+			file("srv/after", "after"),
 		),
 		layerOf(t, file("lib/gone-then-back", "third")),
 	}
@@ -608,6 +612,9 @@ func checkFlattened(t *testing.T, tree string) {
 		"opt/old/sub/y":      "upper y",
 		"var/cache":          "",
 		"lib/gone-then-back": "third",
+		"srv/data":           "now a file",
+		"srv/after":          "after",
+		"srv/zz":             "z",
 	} {
 		b, err := os.ReadFile(filepath.Join(tree, p))
 		if want == "" {
