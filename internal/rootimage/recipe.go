@@ -32,10 +32,22 @@ const builderVersion = 1
 
 // DefaultPackages are installed on top of mmdebstrap's minbase variant.
 // python3's sqlite3 module comes with libpython3.11-stdlib, a dependency.
+// busybox (Debian's, 1 MiB) supplies the small tools minbase leaves out
+// (wget, nc, netstat, httpd, ...): see busyboxHook.
 var DefaultPackages = []string{
-	"bash", "ca-certificates", "coreutils", "curl", "e2fsprogs",
+	"bash", "busybox", "ca-certificates", "coreutils", "curl", "e2fsprogs",
 	"iproute2", "less", "procps", "python3", "sqlite3",
 }
+
+// busyboxHook links each busybox applet that no Debian package of the
+// image provides into /usr/local/bin, so a sandbox has wget, nc, httpd and
+// the like as commands, while every tool Debian does ship stays Debian's
+// (a link never shadows one). It does nothing in an image without busybox.
+const busyboxHook = `--customize-hook=chroot "$1" /bin/sh -c '` +
+	`command -v busybox >/dev/null || exit 0; ` +
+	`for a in $(busybox --list); do ` +
+	`for d in /usr/sbin /usr/bin /sbin /bin; do [ -e "$d/$a" ] && continue 2; done; ` +
+	`ln -s /usr/bin/busybox "/usr/local/bin/$a"; done'`
 
 // Format is the file system of the image.
 type Format string
@@ -108,6 +120,7 @@ func bootstrapOptions(packages []string) []string {
 		"--dpkgopt=path-exclude=/usr/share/lintian/*",
 		`--customize-hook=chroot "$1" groupadd --gid 1000 nether`,
 		`--customize-hook=chroot "$1" useradd --create-home --uid 1000 --gid 1000 --shell /bin/bash nether`,
+		busyboxHook,
 	}
 }
 
