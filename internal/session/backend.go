@@ -120,7 +120,7 @@ func (s *Session) Info() string {
 		{"firewall", onOff[s.cfg.Net && !s.cfg.NetOpen]},
 		{"gpu", onOff[s.cfg.GPU]},
 		{"run_as", orRoot(v.runAs)},
-		{"disk", dash(s.infoDisk())},
+		{"disk", dash(v.disk)},
 		{"data_plane", onOff[s.dataPlane()]},
 		{"app_port", s.appPort},
 		{"egress_plane", onOff[s.egressPlane()]},
@@ -148,14 +148,4 @@ func orRoot(user string) string {
 		return "root"
 	}
 	return user
-}
-
-// infoDisk is the persistent disk's host file, once the session has one.
-func (s *Session) infoDisk() string {
-	select {
-	case <-s.ready:
-		return s.diskPath
-	default:
-		return ""
-	}
 }

@@ -398,10 +398,20 @@ func (s *Session) openRestore() error {
 	}
 	s.art = art
 	next := s.restoredIdentity(art.Meta.Identity, art.Meta.Kind == snapshot.KindBase)
+	disk := ""
+	if sec, has, err := capturedDisk(art); err == nil && has {
+		disk = sec.Live
+		if sec.Layer {
+			if disk = s.cfg.Disk; disk == "" {
+				disk = filepath.Join(s.cfg.Dir, ForkDiskLayer)
+			}
+		}
+	}
 	s.setView(func(v *view) {
 		v.identity = next
 		v.snapshot = art.Dir
 		v.parent = art.Meta.Identity.SandboxID
+		v.disk = disk
 	})
 	return nil
 }

@@ -160,6 +160,7 @@ type view struct {
 	parent   string
 	claimed  bool   // a __claim__ gave this fork its identity
 	runAs    string // the guest's run_as policy: "" = root
+	disk     string // the persistent disk's host file, "" without one
 }
 
 // errStopping is the cause of the root context's cancellation.
@@ -184,6 +185,9 @@ func Run(opt Options) int {
 	// Who the sandbox is is known before anything starts, so __info__
 	// says it from the first moment.
 	s.view.identity = bootIdentity(s.cfg)
+	if !s.cfg.Restore {
+		s.view.disk = s.cfg.Disk
+	}
 	s.newObservation()
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	reason, err := s.run()

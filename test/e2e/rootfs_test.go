@@ -9,12 +9,10 @@ import (
 
 // sqliteProbe creates a database, commits a row and reads it back with
 // python3's sqlite3 module: the userland the default guest promises.
-const sqliteProbe = `python3 -c 'import sqlite3, sys
-con = sqlite3.connect(sys.argv[1])
-con.execute("create table t(x)")
-con.execute("insert into t values (42)")
-con.commit()
-print(con.execute("select x from t").fetchone()[0], sqlite3.sqlite_version)' `
+const sqliteProbe = `python3 -c 'import sqlite3, sys; ` +
+	`con = sqlite3.connect(sys.argv[1]); con.execute("create table t(x)"); ` +
+	`con.execute("insert into t values (42)"); con.commit(); ` +
+	`print(con.execute("select x from t").fetchone()[0], sqlite3.sqlite_version)' `
 
 var sqliteOut = regexp.MustCompile(`^42 3\.\d+\.\d+\n$`)
 
