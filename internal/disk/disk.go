@@ -44,8 +44,8 @@ const (
 	sbIncompat   = 0x60
 	sbCompat     = 0x5C
 	ext4Magic    = 0xEF53
-	incompatExts = 0x40  // EXTENTS: what sets ext4 apart from ext2/ext3
-	compatJournl = 0x4   // HAS_JOURNAL
+	incompatExts = 0x40 // EXTENTS: what sets ext4 apart from ext2/ext3
+	compatJournl = 0x4  // HAS_JOURNAL
 	qcow2Magic   = "QFI\xfb"
 )
 

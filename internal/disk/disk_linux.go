@@ -163,5 +163,3 @@ func lookSbin(prog string) (string, error) {
 	}
 	return "", fmt.Errorf("%s not found: install Debian's e2fsprogs (scripts/setup.sh does)", prog)
 }
-
-

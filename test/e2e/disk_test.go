@@ -315,4 +315,3 @@ func flipByte(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 }
-
