@@ -226,7 +226,10 @@ func runConsoleShell(r *reaper, log *slog.Logger) {
 	if _, err := os.Stat("/bin/busybox"); err == nil {
 		setsid = "/bin/busybox"
 	}
-	_, done, err := r.start(setsid, []string{"setsid", "-c", "/bin/sh", "-l"}, &os.ProcAttr{
+	// Not a login shell: a root image's /etc/profile would replace the
+	// prompt (Debian's sets PS1='# '), and the environment is already
+	// the one every command gets.
+	_, done, err := r.start(setsid, []string{"setsid", "-c", "/bin/sh"}, &os.ProcAttr{
 		Dir:   "/root",
 		Env:   append(shellEnv[:len(shellEnv):len(shellEnv)], "PS1=sandbox# "),
 		Files: []*os.File{tty, tty, tty},

@@ -175,3 +175,35 @@ func TestSniff(t *testing.T) {
 		t.Fatalf("qcow2: %s %d %v", format, size, err)
 	}
 }
+
+// FuzzSniff: any first bytes of a file are classified or refused, never
+// a panic, and a qcow2 or ext4 answer has the magic it claims.
+func FuzzSniff(f *testing.F) {
+	q := make([]byte, 64)
+	copy(q, qcow2Magic)
+	f.Add(q)
+	e := make([]byte, sbOffset+0x68)
+	e[sbOffset+sbMagicOff], e[sbOffset+sbMagicOff+1] = 0x53, 0xEF
+	f.Add(e)
+	f.Add([]byte("not a disk"))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := filepath.Join(dir, "d")
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fd, err := os.Open(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fd.Close()
+		format, _, err := sniff(fd)
+		switch {
+		case err != nil:
+		case format == QCOW2 && !bytes.HasPrefix(b, []byte(qcow2Magic)):
+			t.Fatalf("qcow2 without its magic: %q", b[:min(8, len(b))])
+		case format == Raw && (len(b) < sbOffset+0x68 || b[sbOffset+sbMagicOff] != 0x53):
+			t.Fatal("ext4 without its superblock magic")
+		}
+	})
+}
