@@ -38,6 +38,12 @@ var (
 	ErrAmbiguous = errors.New("ambiguous")
 )
 
+// Records are JSON and carry no format version: a field is only ever
+// added, with omitempty and a zero value that means what a record
+// written before it meant (no disk, the default root image, commands as
+// root), so every older record reads as it was written. A change that
+// cannot be made that way needs a version in the meta bucket first.
+
 // Config is what a sandbox's nether runs with: the settings a user gives
 // `nexus create` (and a fork inherits).
 type Config struct {
@@ -52,7 +58,18 @@ type Config struct {
 	AppPort      int    `json:"app_port,omitempty"`
 	EgressPort   int    `json:"egress_port,omitempty"`
 	GPU          bool   `json:"gpu,omitempty"`
+	// Rootfs is the guest's root image: "" the default image setup
+	// built, "busybox" the initramfs alone, else an absolute path.
+	Rootfs string `json:"rootfs,omitempty"`
+	// RunAs is the guest user every command runs as ("" = root).
+	RunAs string `json:"run_as,omitempty"`
+	// DiskSizeMB > 0 gives the sandbox a persistent disk at /data of
+	// this size; 0 = no disk.
+	DiskSizeMB int `json:"disk_size_mb,omitempty"`
 }
+
+// HasDisk says whether the settings give the sandbox a persistent disk.
+func (c Config) HasDisk() bool { return c.DiskSizeMB > 0 }
 
 // Lease is an operation's hold on a record: another operation on the same
 // record waits for it or fails, and a lease whose holder died (or that
@@ -89,6 +106,11 @@ type Sandbox struct {
 	PIDStart uint64 `json:"pid_start,omitempty"`
 	// Park is the artifact a paused sandbox wakes from.
 	Park string `json:"park,omitempty"`
+	// Disk is the host file of its persistent disk ("" = none), in its
+	// own directory: disk.img for a sandbox that was created, disk.qcow2
+	// (a copy-on-write layer over its snapshot's disk) for a fork. It
+	// outlives stop and start, and goes with the sandbox's rm.
+	Disk string `json:"disk,omitempty"`
 	// Final is the final usage record of its last session; Reason says
 	// why it is in error.
 	Final  string `json:"final,omitempty"`

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/json"
 	"errors"
 	"os"
 	"sync"
@@ -131,6 +132,53 @@ func TestLease(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := tc.l.Live(now); got != tc.live {
 				t.Fatalf("Live = %v, want %v", got, tc.live)
+			}
+		})
+	}
+}
+
+// TestOlderRecordsRead: records written before the guest settings (no
+// rootfs, run_as, disk_size_mb or disk) read as they meant: no disk, the
+// default image, commands as root; and the new fields survive a round
+// trip.
+func TestOlderRecordsRead(t *testing.T) {
+	s, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, raw string
+		want      Config
+		disk      string
+	}{
+		{"before disks", `{"id":"01JOLD","state":"stopped","config":{"cpus":2,"ram_mb":256,"net":true},"hostname":"old","created":"2025-01-01T00:00:00Z","updated":"2025-01-01T00:00:00Z"}`,
+			Config{CPUs: 2, RAMMB: 256, Net: true}, ""},
+		{"with guest settings", `{"id":"01JNEW","state":"stopped","config":{"rootfs":"busybox","run_as":"nether","disk_size_mb":32},"hostname":"new","disk":"/x/sandboxes/01JNEW/disk.img","created":"2025-01-01T00:00:00Z","updated":"2025-01-01T00:00:00Z"}`,
+			Config{Rootfs: "busybox", RunAs: "nether", DiskSizeMB: 32}, "/x/sandboxes/01JNEW/disk.img"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var id struct{ ID string }
+			if err := json.Unmarshal([]byte(tc.raw), &id); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Update(func(tx *Tx) error { return tx.tx.Bucket(bSandboxes).Put([]byte(id.ID), []byte(tc.raw)) }); err != nil {
+				t.Fatal(err)
+			}
+			var got *Sandbox
+			if err := s.View(func(tx *Tx) error { got, err = tx.Sandbox(id.ID); return err }); err != nil {
+				t.Fatal(err)
+			}
+			if got.Config != tc.want || got.Disk != tc.disk || got.Config.HasDisk() != (tc.want.DiskSizeMB > 0) {
+				t.Errorf("read %+v, disk %q; want %+v, disk %q", got.Config, got.Disk, tc.want, tc.disk)
+			}
+			// Written back by this build and read again: the same.
+			if err := s.Update(func(tx *Tx) error { return tx.PutSandbox(got) }); err != nil {
+				t.Fatal(err)
+			}
+			var again *Sandbox
+			s.View(func(tx *Tx) error { again, err = tx.Sandbox(id.ID); return err })
+			if again.Config != tc.want || again.Disk != tc.disk {
+				t.Errorf("after a round trip: %+v, disk %q", again.Config, again.Disk)
 			}
 		})
 	}
