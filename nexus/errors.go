@@ -71,6 +71,11 @@ func ValidateFork(req ForkRequest) error {
 	if _, err := childNames(req.Names, n); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if req.RunAs != "" {
+		if err := checkConfig(Config{RunAs: req.RunAs}); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
+	}
 	return nil
 }
 

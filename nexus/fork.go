@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -32,6 +33,29 @@ type ForkRequest struct {
 	Progress func(done, failed, total int)
 	// NoPool forks cold even when the snapshot has a warm pool.
 	NoPool bool
+	// RunAs, when set, narrows the children's run_as: a snapshot that
+	// runs commands as root may be forked with a user. A snapshot that
+	// runs them as a user already can only keep it (naming the same user
+	// changes nothing); nether refuses a widening or a change, and so
+	// does Fork, before anything runs.
+	RunAs string
+}
+
+// checkRunAs refuses a fork's run_as that nether would refuse for this
+// snapshot: a widening of a user back to root, or a change to another
+// user (nether's own rule, internal/session restoredRunAs; nether checks
+// again, and its refusal reaches the caller too).
+// what names the source ("snapshot warm", "sandbox web") and has is its
+// run_as.
+func checkRunAs(what, has, asked string) error {
+	switch {
+	case asked == "" || asked == has || has == "" || has == "root":
+		return nil
+	case asked == "root":
+		return fmt.Errorf("%w: run_as = root: %s runs commands as %s, and a fork may narrow run_as (root to a user) but never widen it; leave --run-as out to inherit %s", ErrInvalid, what, has, has)
+	default:
+		return fmt.Errorf("%w: run_as = %s: %s runs commands as %s, and a fork may narrow run_as (root to a user) but never change it to another user", ErrInvalid, asked, what, has)
+	}
 }
 
 // Fork makes N new sandboxes from a snapshot, each running on its own
@@ -41,25 +65,36 @@ type ForkRequest struct {
 // guest can keep the address 10.0.2.15. The parent is unchanged. The
 // children start concurrently; Fork returns those that came up, and an
 // error naming the ones that did not.
+//
+// A snapshot with a persistent disk gives each child a copy-on-write
+// layer of its own over the snapshot's disk, in the child's directory:
+// every child starts from the disk its memory expects, and no child, the
+// parent or the snapshot sees another's writes.
 func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
-	if req.N <= 0 {
-		req.N = 1
+	if err := ValidateFork(req); err != nil {
+		return nil, err
 	}
+	req.N = max(req.N, 1)
 	names, err := childNames(req.Names, req.N)
 	if err != nil {
 		return nil, err
 	}
-	snap, parent, err := n.forkSource(ctx, req.From)
+	snap, parent, err := n.forkSource(ctx, req.From, req.RunAs)
 	if err != nil {
 		return nil, err
 	}
 	if err := verify(snap); err != nil {
 		return nil, err
 	}
-	// Warm children first, then cold ones for the rest.
+	cfg := snap.Config
+	if req.RunAs != "" {
+		cfg.RunAs = req.RunAs
+	}
+	// Warm children first, then cold ones for the rest. A pool member
+	// runs with the snapshot's run_as, which a claim cannot narrow.
 	var kids []*Sandbox
 	var claimed []*Sandbox
-	if !req.NoPool {
+	if !req.NoPool && cfg.RunAs == snap.Config.RunAs {
 		if claimed, err = n.claimFromPool(ctx, snap, names); err != nil {
 			return nil, err
 		}
@@ -67,7 +102,7 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	kids = append(kids, claimed...)
 	names = names[len(claimed):]
 	if len(names) > 0 {
-		cold, err := n.birth(ctx, snap, parent, names, "", req.Progress)
+		cold, err := n.birth(ctx, snap, cfg, parent, names, "", req.Progress)
 		kids = append(kids, cold...)
 		if err != nil {
 			return kids, err
@@ -106,7 +141,9 @@ func childNames(names []string, n int) ([]string, error) {
 
 // forkSource resolves what a fork starts from: a snapshot, or a running
 // sandbox captured now. parent is the sandbox the children descend from.
-func (n *Nexus) forkSource(ctx context.Context, ref string) (*Snapshot, string, error) {
+// runAs is the fork's run_as, checked against the source's before a
+// running sandbox is captured for nothing.
+func (n *Nexus) forkSource(ctx context.Context, ref, runAs string) (*Snapshot, string, error) {
 	var snap *Snapshot
 	var sb *Sandbox
 	err := n.db.View(func(tx *store.Tx) error {
@@ -135,10 +172,16 @@ func (n *Nexus) forkSource(ctx context.Context, ref string) (*Snapshot, string, 
 		if snap.Digest == "" {
 			return nil, "", fmt.Errorf("snapshot %s is still being written", snap.Ref())
 		}
+		if err := checkRunAs("snapshot "+snap.Ref(), snap.Config.RunAs, runAs); err != nil {
+			return nil, "", err
+		}
 		return snap, snap.Source, nil
 	}
 	if sb.State != lifecycle.Running {
 		return nil, "", &lifecycle.IllegalTransitionError{Sandbox: sb.Ref(), State: sb.State, Verb: lifecycle.Fork}
+	}
+	if err := checkRunAs("sandbox "+sb.Ref(), sb.Config.RunAs, runAs); err != nil {
+		return nil, "", err
 	}
 	locked, err := n.acquire(ctx, sb.ID, lifecycle.Snapshot)
 	if err != nil {
@@ -153,13 +196,21 @@ func (n *Nexus) forkSource(ctx context.Context, ref string) (*Snapshot, string, 
 
 // birth restores len(names) children of snap at once. pool, when set,
 // makes them members of snap's warm pool.
-func (n *Nexus) birth(ctx context.Context, snap *Snapshot, parent string, names []string, pool string, progress func(done, failed, total int)) ([]*Sandbox, error) {
+// cfg is the children's settings: the snapshot's, with a fork's own
+// narrowing of run_as.
+func (n *Nexus) birth(ctx context.Context, snap *Snapshot, cfg Config, parent string, names []string, pool string, progress func(done, failed, total int)) ([]*Sandbox, error) {
 	now := time.Now().UTC()
 	kids := make([]*Sandbox, len(names))
 	for i, nm := range names {
-		sb := &Sandbox{ID: newID(), Name: nm, State: lifecycle.Running, Config: snap.Config, Parent: parent, Snapshot: snap.ID,
+		sb := &Sandbox{ID: newID(), Name: nm, State: lifecycle.Running, Config: cfg, Parent: parent, Snapshot: snap.ID,
 			Pool: pool, Created: now, Lease: &store.Lease{Op: opBirth, Holder: os.Getpid(), Expires: now.Add(leaseTTL)}}
 		sb.Hostname = hostnameFor(sb)
+		if cfg.HasDisk() {
+			// nether makes the child's layer over the snapshot's disk in
+			// the child's own directory; a later boot (start after
+			// stop) continues it.
+			sb.Disk = filepath.Join(n.sandboxDir(sb.ID), forkDiskName)
+		}
 		kids[i] = sb
 	}
 	// The records and the snapshot's references land together: a

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/nethersandbox/nether/client"
 	"github.com/nethersandbox/nether/internal/conf"
@@ -50,15 +51,20 @@ func checkName(name string) error {
 
 // Create makes a sandbox record in state created. Nothing runs yet.
 func (n *Nexus) Create(ctx context.Context, req CreateRequest) (*Sandbox, error) {
-	if err := checkName(req.Name); err != nil {
+	if err := ValidateCreate(req); err != nil {
 		return nil, err
 	}
-	if err := checkConfig(req.Config); err != nil {
-		return nil, err
+	if req.Config.Rootfs != "" && req.Config.Rootfs != conf.RootfsBusybox {
+		req.Config.Rootfs = filepath.Clean(req.Config.Rootfs)
 	}
 	now := time.Now().UTC()
 	sb := &Sandbox{ID: newID(), Name: req.Name, State: lifecycle.Created, Config: req.Config, Created: now}
 	sb.Hostname = hostnameFor(sb)
+	if sb.Config.HasDisk() {
+		// Created by nether at the first start, kept across stop and
+		// start, removed with the sandbox's directory.
+		sb.Disk = filepath.Join(n.sandboxDir(sb.ID), diskName)
+	}
 	if err := os.MkdirAll(n.sandboxDir(sb.ID), 0o700); err != nil {
 		return nil, err
 	}
@@ -85,8 +91,41 @@ func validHostname(h string) bool {
 	return err == nil
 }
 
+// The persistent disk's file in a sandbox's directory: a created
+// sandbox's own ext4 image, or a fork's copy-on-write layer over its
+// snapshot's disk (the name nether gives a restore's layer when its
+// nether.conf has no disk =, internal/session.ForkDiskLayer).
+const (
+	diskName     = "disk.img"
+	forkDiskName = "disk.qcow2"
+)
+
+// diskPath is the host file of sb's persistent disk ("" = none).
+func (n *Nexus) diskPath(sb *Sandbox) string {
+	switch {
+	case sb.Disk != "":
+		return sb.Disk
+	case sb.Config.HasDisk():
+		return filepath.Join(n.sandboxDir(sb.ID), diskName)
+	}
+	return ""
+}
+
 // confText is the nether.conf of a sandbox's next session; restoreFrom
 // is the artifact it restores ("" boots).
+//
+// The disk: a boot names the sandbox's own disk file (created by nether
+// the first time, the same file on every later start, so /data survives
+// stop and start). A restore never names one: the artifact says which
+// disk its memory expects, and nether's default is right for both kinds
+// of restore, where disk = could only be wrong: a fork gets a new layer
+// in its launch directory, which is the child's own directory (never the
+// parent's disk), and a wake continues the disk it parked with.
+//
+// run_as and rootfs are written for a restore too: rootfs because the
+// artifact's fingerprint holds the image it was captured on, run_as
+// because it is the same as the artifact's (nether accepts that) or a
+// fork's narrowing of it.
 func (n *Nexus) confText(sb *Sandbox, restoreFrom string) string {
 	c := sb.Config
 	var b strings.Builder
@@ -112,9 +151,12 @@ func (n *Nexus) confText(sb *Sandbox, restoreFrom string) string {
 	if c.GPU {
 		line("gpu", 1)
 	}
-	for k, v := range map[string]int64{"max_runtime_s": c.MaxRuntimeS, "max_cpu_s": c.MaxCPUS, "idle_timeout_s": c.IdleTimeoutS} {
-		if v > 0 {
-			line(k, v)
+	for _, kv := range []struct {
+		k string
+		v int64
+	}{{"max_runtime_s", c.MaxRuntimeS}, {"max_cpu_s", c.MaxCPUS}, {"idle_timeout_s", c.IdleTimeoutS}} {
+		if kv.v > 0 {
+			line(kv.k, kv.v)
 		}
 	}
 	if c.AppPort > 0 {
@@ -123,7 +165,18 @@ func (n *Nexus) confText(sb *Sandbox, restoreFrom string) string {
 	if c.EgressPort > 0 {
 		line("egress_port", c.EgressPort)
 	}
-	if restoreFrom != "" {
+	if c.Rootfs != "" {
+		line("rootfs", c.Rootfs)
+	}
+	if c.RunAs != "" {
+		line("run_as", c.RunAs)
+	}
+	if restoreFrom == "" {
+		if disk := n.diskPath(sb); disk != "" {
+			line("disk", disk)
+			line("disk_size_mb", c.DiskSizeMB)
+		}
+	} else {
 		line("restore", 1)
 		line("restore_from", restoreFrom)
 	}
@@ -131,32 +184,71 @@ func (n *Nexus) confText(sb *Sandbox, restoreFrom string) string {
 }
 
 // checkConfig refuses settings nether would refuse, before a record is
-// made: it asks nether's own parser.
+// made: each one goes through nether's own parser, alone, so the rules
+// and the words are nether's (internal/conf) and the message names the
+// setting, not a line of a file nobody wrote.
 func checkConfig(c Config) error {
-	text := ""
-	if c.CPUs > 0 {
-		text += fmt.Sprintf("cpus = %d\n", c.CPUs)
+	type setting struct {
+		key string
+		v   any
 	}
-	if c.RAMMB > 0 {
-		text += fmt.Sprintf("ram_mb = %d\n", c.RAMMB)
+	var set []setting
+	for _, kv := range []struct {
+		key string
+		v   int64
+	}{{"cpus", int64(c.CPUs)}, {"ram_mb", int64(c.RAMMB)}, {"max_runtime_s", c.MaxRuntimeS}, {"max_cpu_s", c.MaxCPUS},
+		{"idle_timeout_s", c.IdleTimeoutS}, {"app_port", int64(c.AppPort)}, {"egress_port", int64(c.EgressPort)},
+		{"disk_size_mb", int64(c.DiskSizeMB)}} {
+		if kv.v != 0 {
+			set = append(set, setting{kv.key, kv.v})
+		}
 	}
-	if c.NetAllow != "" {
-		text += "net_allow = " + c.NetAllow + "\n"
+	for _, kv := range []struct{ key, v string }{{"net_allow", c.NetAllow}, {"net_block", c.NetBlock}, {"rootfs", c.Rootfs}, {"run_as", c.RunAs}} {
+		if kv.v == "" {
+			continue
+		}
+		// One setting is one line of nether.conf: nothing in a value may
+		// end it or open a comment in it.
+		if i := strings.IndexFunc(kv.v, func(r rune) bool { return unicode.IsControl(r) }); i >= 0 {
+			return fmt.Errorf("%s %q: contains a control character", kv.key, kv.v)
+		}
+		if strings.TrimSpace(kv.v) != kv.v {
+			return fmt.Errorf("%s %q: has blanks around it", kv.key, kv.v)
+		}
+		if strings.Contains(kv.v, " #") || strings.Contains(kv.v, "\t#") {
+			return fmt.Errorf("%s %q: a # after a blank starts a comment in nether.conf", kv.key, kv.v)
+		}
+		if kv.key == "rootfs" && kv.v != conf.RootfsBusybox && !filepath.IsAbs(kv.v) {
+			return fmt.Errorf("rootfs %q: want an absolute path of a root image, or busybox (nether runs in the sandbox's own directory, where a relative path means nothing)", kv.v)
+		}
+		set = append(set, setting{kv.key, kv.v})
 	}
-	if c.NetBlock != "" {
-		text += "net_block = " + c.NetBlock + "\n"
-	}
-	if c.AppPort != 0 {
-		text += fmt.Sprintf("app_port = %d\n", c.AppPort)
-	}
-	if c.EgressPort != 0 {
-		text += fmt.Sprintf("egress_port = %d\n", c.EgressPort)
-	}
-	if _, err := conf.Parse(strings.NewReader(text), "settings", os.TempDir()); err != nil {
-		return err
+	for _, s := range set {
+		line := fmt.Sprintf("%s = %v\n", s.key, s.v)
+		if _, err := conf.Parse(strings.NewReader(line), "settings", os.TempDir()); err != nil {
+			return &settingError{key: s.key, value: fmt.Sprint(s.v), err: err}
+		}
 	}
 	return nil
 }
+
+// settingError is a setting nether's parser refused: it names the setting
+// and its value, then says what nether said, without the file and line of
+// the one-line nether.conf it was checked as.
+type settingError struct {
+	key, value string
+	err        error
+}
+
+func (e *settingError) Error() string {
+	var ce *conf.Error
+	if errors.As(e.err, &ce) && ce.Msg != "" {
+		return fmt.Sprintf("%s %s: %s", e.key, e.value, ce.Msg)
+	}
+	return fmt.Sprintf("%s %s: %v", e.key, e.value, e.err)
+}
+
+func (e *settingError) Unwrap() error { return e.err }
 
 // launch writes the sandbox's nether.conf and starts its nether, then
 // waits until the guest's agent answers.

@@ -146,7 +146,7 @@ func (n *Nexus) fillPool(ctx context.Context, snapID string) error {
 		return nil
 	}
 	names := make([]string, want-have)
-	_, err = n.birth(ctx, snap, snap.Source, names, snap.ID, nil)
+	_, err = n.birth(ctx, snap, snap.Config, snap.Source, names, snap.ID, nil)
 	return err
 }
 

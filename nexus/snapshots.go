@@ -86,7 +86,13 @@ func (n *Nexus) SnapshotCreate(ctx context.Context, ref, name string) (*Snapshot
 		return nil, err
 	}
 	if sb.State == lifecycle.Stopped {
-		err := fmt.Errorf("sandbox %s is stopped: a snapshot of a stopped sandbox holds its disks, and this build has no disks yet; start it and snapshot it running", sb.Ref())
+		// nether captures a disk only with the memory of the guest that
+		// runs on it: a fork of the disk alone would boot cold anyway.
+		hint := ""
+		if sb.Config.HasDisk() {
+			hint = " (its disk is kept: the start boots on it)"
+		}
+		err := fmt.Errorf("sandbox %s is stopped: a snapshot is captured from a running guest, its memory and its disk at the same instant, and a stopped sandbox has no memory to capture; start it%s and snapshot it running", sb.Ref(), hint)
 		return nil, n.finish(sb, "", err)
 	}
 	snap, err := n.capture(ctx, sb, name)
