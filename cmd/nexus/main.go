@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -20,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/nexus"
 )
 
@@ -63,6 +65,9 @@ func exitCode(err error) int {
 	}
 	// The classification is nexus's, shared with the HTTP API.
 	switch nexus.Kind(err) {
+	case nexus.KindBadInput:
+		// A setting or name nexus refused before anything ran.
+		return exitUsage
 	case nexus.KindIllegal:
 		return exitIllegal
 	case nexus.KindNotFound:
@@ -105,7 +110,8 @@ State directory: --state-dir, else NEXUS_STATE_DIR, else /var/lib/nexus
 for root and $XDG_DATA_HOME/nexus otherwise. The nether binary: NEXUS_NETHER,
 else nether next to nexus, else nether on PATH.
 
-Exit status: 0 done; 1 failed; 2 bad usage; 3 the lifecycle does not allow
+Exit status: 0 done; 1 failed; 2 bad usage (a flag, a name or a setting
+refused before anything ran); 3 the lifecycle does not allow
 it; 4 no such sandbox or snapshot; 5 another operation holds the sandbox;
 6 the name is taken. nexus exec exits with the guest command's status.`,
 		SilenceUsage:  true,
@@ -165,7 +171,14 @@ func (a *app) createCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "create [--name NAME] [settings]",
 		Short: "Make a sandbox record (created); --start boots it too",
-		Args:  args(0),
+		Long: `Make a sandbox record (created); --start boots it too.
+
+--rootfs, --run-as and --disk/--disk-size-mb are nether's rootfs, run_as,
+disk and disk_size_mb. A sandbox with a disk keeps it in its directory
+(disk.img): stop and start boot again on the same file, so /data survives;
+rm removes it. Each child of a fork gets a copy-on-write layer of its own
+over the snapshot's disk (disk.qcow2 in the child's directory).`,
+		Args: args(0),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			sb, err := a.n.Create(cmd.Context(), req)
 			if err != nil {
@@ -193,14 +206,30 @@ func (a *app) createCmd() *cobra.Command {
 	f.IntVar(&req.Config.AppPort, "app-port", 0, "the tenant's server port in the guest (data plane)")
 	f.IntVar(&req.Config.EgressPort, "egress-port", 0, "the guest port of the egress plane")
 	f.BoolVar(&req.Config.GPU, "gpu", false, "give the guest a display")
-	for _, unsupported := range []string{"disk-size-mb", "rootfs", "run-as"} {
-		f.String(unsupported, "", "not in this build yet: refused")
-	}
+	f.StringVar(&req.Config.Rootfs, "rootfs", "", "the guest's root image: a path, or busybox for the initramfs alone (default: the Debian image setup built)")
+	f.StringVar(&req.Config.RunAs, "run-as", "", "run every command as this guest user (default root)")
+	var disk bool
+	f.BoolVar(&disk, "disk", false, fmt.Sprintf("give it a persistent disk at /data (%d MiB unless --disk-size-mb says)", conf.DefaultDiskSizeMB))
+	f.IntVar(&req.Config.DiskSizeMB, "disk-size-mb", 0, fmt.Sprintf("give it a persistent disk at /data of this many MiB (%d-%d; implies --disk)", conf.MinDiskSizeMB, conf.MaxDiskSizeMB))
 	cmd.PreRunE = func(cmd *cobra.Command, _ []string) error {
-		for _, u := range []string{"disk-size-mb", "rootfs", "run-as"} {
-			if cmd.Flags().Changed(u) {
-				return usageError{fmt.Errorf("--%s needs disks and custom images, which this build does not have yet", u)}
+		if cmd.Flags().Changed("disk-size-mb") && req.Config.DiskSizeMB == 0 {
+			// 0 would read as no disk: say so rather than drop the flag.
+			return usageError{fmt.Errorf("--disk-size-mb 0: a disk is %d to %d MiB; leave the flag out for no disk", conf.MinDiskSizeMB, conf.MaxDiskSizeMB)}
+		}
+		if disk && req.Config.DiskSizeMB == 0 {
+			req.Config.DiskSizeMB = conf.DefaultDiskSizeMB
+		}
+		if cmd.Flags().Changed("disk") && !disk && req.Config.DiskSizeMB != 0 {
+			return usageError{errors.New("--disk=false with --disk-size-mb: --disk-size-mb gives a disk; leave both out for none")}
+		}
+		if r := req.Config.Rootfs; r != "" && r != conf.RootfsBusybox {
+			// nether runs in the sandbox's directory: a path relative to
+			// where nexus was run is made absolute here.
+			abs, err := filepath.Abs(r)
+			if err != nil {
+				return fmt.Errorf("--rootfs %s: %w", r, err)
 			}
+			req.Config.Rootfs = abs
 		}
 		return nil
 	}
@@ -423,7 +452,7 @@ func (a *app) snapshotCmd() *cobra.Command {
 func (a *app) forkCmd() *cobra.Command {
 	req := nexus.ForkRequest{}
 	cmd := &cobra.Command{
-		Use:   "fork SANDBOX|SNAPSHOT [-n N] [--name NAME]...",
+		Use:   "fork SANDBOX|SNAPSHOT [-n N] [--name NAME]... [--run-as USER]",
 		Short: "Make N new sandboxes from a snapshot (or a running sandbox, snapshotted first)",
 		Args:  args(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -455,6 +484,7 @@ func (a *app) forkCmd() *cobra.Command {
 	cmd.Flags().IntVarP(&req.N, "n", "n", 1, "how many children")
 	cmd.Flags().StringArrayVar(&req.Names, "name", nil, "a child's name (repeat for each, or one for name-1 ... name-N)")
 	cmd.Flags().BoolVar(&req.NoPool, "no-pool", false, "restore new children even when the snapshot has a warm pool")
+	cmd.Flags().StringVar(&req.RunAs, "run-as", "", "run the children's commands as this guest user: narrows a root snapshot (a user's snapshot keeps its user)")
 	return cmd
 }
 

@@ -108,7 +108,12 @@ func TestMalformedBodies(t *testing.T) {
 		status             int
 		words              []string
 	}{
-		{"POST", "/v1/sandboxes", `{"name": "a", "disk_size_mb": 5}`, 400, []string{`unknown field "disk_size_mb"`}},
+		{"POST", "/v1/sandboxes", `{"name": "a", "disk_size": 64}`, 400, []string{`unknown field "disk_size"`}},
+		{"POST", "/v1/sandboxes", `{"name": "a", "disk_size_mb": 5}`, 400, []string{"disk_size_mb 5", "out of range (8..1048576)"}},
+		{"POST", "/v1/sandboxes", `{"name": "a", "run_as": "Bob"}`, 400, []string{"run_as Bob", "is not a user name"}},
+		{"POST", "/v1/sandboxes", `{"name": "a", "rootfs": "rootfs.img"}`, 400, []string{"rootfs", "absolute path"}},
+		{"POST", "/v1/sandboxes", `{"name": "a", "rootfs": "/nonexistent/rootfs.img"}`, 400, []string{"/nonexistent/rootfs.img does not exist"}},
+		{"POST", "/v1/forks", `{"from": "x", "run_as": "no body"}`, 400, []string{"run_as", "no body"}},
 		{"POST", "/v1/sandboxes", `{"name": "a", "cpus": "two"}`, 400, []string{"cpus"}},
 		{"POST", "/v1/sandboxes", `{"name": "a"} {"name": "b"}`, 400, []string{"data after the JSON object"}},
 		{"POST", "/v1/sandboxes", `{"name": "a"`, 400, []string{"not this route's JSON"}},

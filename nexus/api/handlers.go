@@ -282,6 +282,7 @@ type forkBody struct {
 	N      int      `json:"n"`
 	Names  []string `json:"names"`
 	NoPool bool     `json:"no_pool"`
+	RunAs  string   `json:"run_as"`
 }
 
 func (s *server) fork(w http.ResponseWriter, r *http.Request) error {
@@ -292,7 +293,7 @@ func (s *server) fork(w http.ResponseWriter, r *http.Request) error {
 	if b.From == "" {
 		return badRequest("from (the snapshot or running sandbox to fork) is required")
 	}
-	req := nexus.ForkRequest{From: b.From, N: b.N, Names: b.Names, NoPool: b.NoPool}
+	req := nexus.ForkRequest{From: b.From, N: b.N, Names: b.Names, NoPool: b.NoPool, RunAs: b.RunAs}
 	if err := nexus.ValidateFork(req); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
@@ -136,5 +137,88 @@ func TestOpenAPIKinds(t *testing.T) {
 	}
 	if s := fmt.Sprint(statusOf("no such kind")); s != "500" {
 		t.Errorf("an unknown kind answers %s, want 500", s)
+	}
+}
+
+// schemaProps is the property names of components/schemas/<name> (its
+// own properties, and those of an inline object in its allOf).
+func schemaProps(t *testing.T, name string) []string {
+	t.Helper()
+	var props []string
+	in, inProps := false, false
+	for _, l := range strings.Split(string(OpenAPI), "\n") {
+		switch {
+		case l == "    "+name+":":
+			in = true
+			continue
+		case in && strings.HasPrefix(l, "    ") && !strings.HasPrefix(l, "     "):
+			in = false // the next schema
+		}
+		if !in {
+			continue
+		}
+		trimmed := strings.TrimLeft(l, " ")
+		indent := len(l) - len(trimmed)
+		if trimmed == "properties:" {
+			inProps = true
+			continue
+		}
+		if m := regexp.MustCompile(`^(\w+):`).FindStringSubmatch(trimmed); inProps && m != nil && (indent == 8 || indent == 12) {
+			props = append(props, m[1])
+		}
+	}
+	if len(props) == 0 {
+		t.Fatalf("openapi.yaml: schema %s has no properties", name)
+	}
+	return props
+}
+
+// jsonFields is the JSON names of a struct's fields, embedded ones
+// flattened as encoding/json does.
+func jsonFields(t reflect.Type) []string {
+	var out []string
+	for i := 0; i < t.NumField(); i++ {
+		f := t.Field(i)
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			out = append(out, jsonFields(f.Type)...)
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// TestOpenAPISchemasMatchBodies: the request and record schemas name
+// exactly the JSON fields the server reads and writes, so a setting added
+// to nexus.Config (rootfs, run_as, disk_size_mb, ...) or to a body cannot
+// go undocumented.
+func TestOpenAPISchemasMatchBodies(t *testing.T) {
+	for _, tc := range []struct {
+		schema string
+		typ    reflect.Type
+		extra  []string // the schema's allOf parts documented elsewhere
+	}{
+		{"Config", reflect.TypeOf(nexus.Config{}), nil},
+		{"CreateRequest", reflect.TypeOf(createBody{}), jsonFields(reflect.TypeOf(nexus.Config{}))},
+		{"Sandbox", reflect.TypeOf(nexus.Sandbox{}), nil},
+		{"Snapshot", reflect.TypeOf(nexus.Snapshot{}), nil},
+		{"ForkRequest", reflect.TypeOf(forkBody{}), nil},
+	} {
+		t.Run(tc.schema, func(t *testing.T) {
+			doc := append(schemaProps(t, tc.schema), tc.extra...)
+			fields := jsonFields(tc.typ)
+			slices.Sort(doc)
+			slices.Sort(fields)
+			if !slices.Equal(slices.Compact(doc), slices.Compact(fields)) {
+				t.Errorf("openapi.yaml's %s has %v; the Go type has %v", tc.schema, doc, fields)
+			}
+		})
 	}
 }
