@@ -100,7 +100,6 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 			// The agent looks the user up before it says hello, and
 			// refuses every command if it cannot.
 			cmdline += " nether.run_as=" + s.cfg.RunAs
-			s.setView(func(v *view) { v.runAs = s.cfg.RunAs })
 		}
 		if s.cfg.Disk != "" {
 			cmdline += " nether.disk=1"

@@ -187,6 +187,9 @@ func Run(opt Options) int {
 	s.view.identity = bootIdentity(s.cfg)
 	if !s.cfg.Restore {
 		s.view.disk = s.cfg.Disk
+		if s.cfg.RunAs != "root" {
+			s.view.runAs = s.cfg.RunAs
+		}
 	}
 	s.newObservation()
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
