@@ -124,6 +124,15 @@ func TestNexusDisk(t *testing.T) {
 		t.Errorf("dk-1 after stop and start: %q", out)
 	}
 
+	// A park keeps the disk where it is, and the wake continues it: here
+	// a child's layer (nether's own tests wake on a plain disk).
+	x.must("pause", "dk-2")
+	x.must("resume", "dk-2")
+	step("a child's pause and resume")
+	if out := x.must("exec", "dk-2", "--", "cat /data/x /data/me"); out != "parent\ndk-2\n" {
+		t.Errorf("dk-2 after pause and resume: %q", out)
+	}
+
 	// rm takes the disk with the sandbox.
 	x.must("rm", "--force", "dk-1")
 	if _, err := os.Stat(filepath.Dir(x.inspectDisk("dk-2").Disk)); err != nil {
