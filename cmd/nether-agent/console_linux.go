@@ -9,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -23,33 +24,47 @@ import (
 type consoleShell struct {
 	tty   string  // the terminal device, e.g. /dev/ttyS0
 	shell string  // the shell binary
-	user  account // who the shell runs as
-	delay backoff // between one shell's exit and the next start
-	log   *slog.Logger
+	user  account // who the shell runs as without a run_as policy
+	// policy, when it names a user, is who the shell runs as instead: a
+	// fork that narrows run_as gets its console shell as that user too.
+	policy *runAsPolicy
+	delay  backoff // between one shell's exit and the next start
+	log    *slog.Logger
+	pid    atomic.Int64 // the running shell, 0 between shells
 }
 
 // startConsoleShell keeps a login shell on the serial console for the
-// life of the guest, as root or as nether.run_as. A run_as user that
-// /etc/passwd does not know gets no shell (and a log line): falling back
-// to root would hand the console to the one user it was meant not to be.
-func startConsoleShell(r *reaper, log *slog.Logger, params map[string]string) {
-	user := account{name: "root", home: "/root"}
-	if name, ok := params["nether.run_as"]; ok {
-		var err error
-		if user, err = lookupAccount("/etc/passwd", name); err != nil {
-			log.Error("agent: no console shell", "run_as", name, "err", err)
-			return
-		}
+// life of the guest, as root or as the run_as policy's user. A guest
+// whose run_as could not be resolved (policyFailed) gets no shell: falling
+// back to root would hand the console to the one user it was meant not
+// to be.
+func startConsoleShell(r *reaper, log *slog.Logger, policy *runAsPolicy, policyFailed bool) *consoleShell {
+	if policyFailed {
+		log.Error("agent: no console shell: the run_as user is unknown")
+		return nil
 	}
 	active, _ := os.ReadFile("/sys/class/tty/console/active")
 	sh := &consoleShell{
-		tty:   consoleDevice(string(active)),
-		shell: "/bin/sh",
-		user:  user,
-		delay: backoff{min: 500 * time.Millisecond, max: 30 * time.Second, stable: 10 * time.Second},
-		log:   log,
+		tty:    consoleDevice(string(active)),
+		shell:  "/bin/sh",
+		user:   account{name: "root", home: "/root"},
+		policy: policy,
+		delay:  backoff{min: 500 * time.Millisecond, max: 30 * time.Second, stable: 10 * time.Second},
+		log:    log,
 	}
 	go sh.run(context.Background(), r)
+	return sh
+}
+
+// restart ends the running shell (its whole session), so the next one
+// starts as the policy now says.
+func (c *consoleShell) restart() {
+	if c == nil {
+		return
+	}
+	if pid := c.pid.Load(); pid > 0 {
+		unix.Kill(-int(pid), unix.SIGKILL)
+	}
 }
 
 // consoleDevice is the device /dev/console writes to: the last of the
@@ -95,27 +110,33 @@ func (c *consoleShell) runOnce(r *reaper) (unix.WaitStatus, error) {
 	}
 	defer tty.Close()
 	sys := &syscall.SysProcAttr{Setsid: true, Setctty: true, Ctty: 0}
-	if c.user.uid != 0 || c.user.gid != 0 {
-		// As login does: the user owns the terminal it logs in on.
-		if err := tty.Chown(int(c.user.uid), int(c.user.gid)); err != nil {
-			return 0, fmt.Errorf("giving %s the terminal: %w", c.user.name, err)
-		}
-		sys.Credential = &syscall.Credential{Uid: c.user.uid, Gid: c.user.gid}
+	user := c.user
+	if u := c.policy.get(); u != nil {
+		user = *u
 	}
-	dir := c.user.home
+	if user.uid != 0 || user.gid != 0 {
+		// As login does: the user owns the terminal it logs in on.
+		if err := tty.Chown(int(user.uid), int(user.gid)); err != nil {
+			return 0, fmt.Errorf("giving %s the terminal: %w", user.name, err)
+		}
+		sys.Credential = &syscall.Credential{Uid: user.uid, Gid: user.gid, Groups: user.groups}
+	}
+	dir := user.home
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		dir = "/"
 	}
 	// argv[0] "-sh" makes it a login shell.
-	_, done, err := r.start(c.shell, []string{"-sh"}, &os.ProcAttr{
+	pid, done, err := r.start(c.shell, []string{"-sh"}, &os.ProcAttr{
 		Dir:   dir,
-		Env:   c.user.environ(),
+		Env:   user.environ(),
 		Files: []*os.File{tty, tty, tty},
 		Sys:   sys,
 	})
 	if err != nil {
 		return 0, fmt.Errorf("starting %s: %w", c.shell, err)
 	}
+	c.pid.Store(int64(pid))
+	defer c.pid.Store(0)
 	tty.Close()
 	return <-done, nil
 }

@@ -40,6 +40,19 @@ func main() {
 	modulesMS := uptimeMS()
 	r := newReaper()
 	go r.run()
+	// The run_as policy, before anything runs in the guest: the console
+	// shell and every command take their user from it.
+	policy := &runAsPolicy{}
+	policyFailed := false
+	if name, ok := params["nether.run_as"]; ok {
+		// Unknown user: no command runs at all, rather than as root.
+		if err := policy.narrow(name, "/etc/passwd", "/etc/group"); err != nil {
+			log.Error("agent: run_as", "err", err)
+			problems = append(problems, err.Error())
+			policyFailed = true
+		}
+	}
+	var console *consoleShell
 
 	if params["nether.console"] == "1" {
 		// Console mode: nobody drives the channel; a shell on the serial
@@ -51,7 +64,7 @@ func main() {
 	} else if os.Getpid() == 1 {
 		// Control mode: a login shell on the serial console, for
 		// __screen__ (never on the host's terminal when run by hand).
-		startConsoleShell(r, log, params)
+		console = startConsoleShell(r, log, policy, policyFailed)
 		clearDisplay()
 	}
 
@@ -67,13 +80,7 @@ func main() {
 	mux.Attach(port, true)
 
 	a := newAgent(log, r, mux, func() { powerOff(log) })
-	if name, ok := params["nether.run_as"]; ok {
-		// Unknown user: no command runs at all, rather than as root.
-		if err := a.policy.narrow(name, a.passwd, a.group); err != nil {
-			log.Error("agent: run_as", "err", err)
-			problems = append(problems, err.Error())
-		}
-	}
+	a.policy, a.console = policy, console
 	if hello, err := mux.Open(agentproto.Request{
 		Op: agentproto.OpHello, Version: agentproto.Version, Boot: bootID(),
 		StartMS: startMS, ModulesMS: modulesMS, HelloMS: uptimeMS(),

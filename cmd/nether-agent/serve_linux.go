@@ -44,6 +44,9 @@ type agent struct {
 	egress egressListener
 	// policy is who commands and transfers act as (runas_linux.go).
 	policy *runAsPolicy
+	// console is the serial console's shell (nil without one), restarted
+	// when a restore narrows the policy.
+	console *consoleShell
 	// passwd and group are the account files run_as is looked up in; a
 	// test points them elsewhere.
 	passwd, group string
@@ -183,9 +186,13 @@ func (a *agent) restored(s *channel.Stream, req agentproto.Request) {
 	var errs []string
 	// The policy first: a handshake that would widen it is refused
 	// before the guest changes in any other way.
+	before := a.policy.get()
 	if err := a.policy.narrow(req.RunAs, a.passwd, a.group); err != nil {
 		s.Reset("restore handshake: " + err.Error())
 		return
+	}
+	if a.policy.get() != before {
+		a.console.restart() // the console shell was root's
 	}
 	if req.Hostname != "" {
 		if err := setHostname(req.Hostname); err != nil {

@@ -159,6 +159,11 @@ func TestDiskAndRunAs(t *testing.T) {
 		if _, exit := run(t, fc, "cat /root/x"); exit == 0 {
 			t.Fatal("the narrowed fork read root's /root/x")
 		}
+		// The console's login shell was root's in the base: the fork
+		// restarts it as the user.
+		if out := mustRun(t, fc, "for i in $(seq 100); do u=$(ps -o user= -t ttyS0 | sort -u | tr -d ' \\n'); [ \"$u\" = nether ] && break; sleep 0.1; done; echo $u"); out != "nether\n" {
+			t.Errorf("the narrowed fork's console shell runs as %q, want nether", out)
+		}
 	})
 }
 
