@@ -1,6 +1,7 @@
-// Command boot measures a cold boot to the first answered command against
-// a plain QEMU direct-kernel boot of the same kernel to its first console
-// line, alternating the two in one run.
+// Command boot measures a cold boot to the first answered command, of the
+// default Debian guest and of the busybox-only guest, against a plain QEMU
+// direct-kernel boot of the same kernel to its first console line,
+// alternating the three in one run.
 //
 //	go run ./bench/boot [-n 5]
 package main
@@ -22,25 +23,32 @@ func main() {
 	flag.Parse()
 	repo := harness.Repo()
 	guest := filepath.Join(repo, "build", "guest")
-	var plain, ours []time.Duration
+	var plain, ours, small []time.Duration
 	for i := 0; i < *n; i++ {
 		p, err := plainBoot(guest)
 		if err != nil {
 			fail(err)
 		}
-		o, err := netherBoot(repo)
+		o, err := netherBoot(repo, "")
 		if err != nil {
 			fail(err)
 		}
-		plain, ours = append(plain, p), append(ours, o)
-		fmt.Printf("run %d: plain qemu to first console line %s, nether to first answered command %s\n", i+1, harness.MS(p), harness.MS(o))
+		b, err := netherBoot(repo, "rootfs = busybox\n")
+		if err != nil {
+			fail(err)
+		}
+		plain, ours, small = append(plain, p), append(ours, o), append(small, b)
+		fmt.Printf("run %d: plain qemu to first console line %s, nether (Debian) to first answered command %s, nether (busybox) %s\n",
+			i+1, harness.MS(p), harness.MS(o), harness.MS(b))
 	}
 	ps, os_ := harness.Sorted(plain), harness.Sorted(ours)
 	pm, om := harness.Percentile(ps, 50), harness.Percentile(os_, 50)
 	fmt.Printf("\ncold boot, median of %d (same kernel, same machine, same run):\n", *n)
 	fmt.Printf("  plain qemu-system-x86_64 -kernel vmlinuz (defaults) to first console line: %s\n", harness.MS(pm))
-	fmt.Printf("  nether: process start to first command answered:                           %s\n", harness.MS(om))
-	fmt.Printf("  ratio nether/plain: %.2f (target <= 0.60)\n", float64(om)/float64(pm))
+	bm := harness.Percentile(harness.Sorted(small), 50)
+	fmt.Printf("  nether, Debian guest: process start to first command answered:             %s\n", harness.MS(om))
+	fmt.Printf("  nether, busybox guest (rootfs = busybox):                                   %s\n", harness.MS(bm))
+	fmt.Printf("  ratio nether (Debian)/plain: %.2f (target <= 0.60); busybox/plain: %.2f\n", float64(om)/float64(pm), float64(bm)/float64(pm))
 }
 
 func fail(err error) {
@@ -78,4 +86,4 @@ func plainBoot(guest string) (time.Duration, error) {
 	}
 }
 
-func netherBoot(repo string) (time.Duration, error) { return harness.FirstCommand(repo, "") }
+func netherBoot(repo, conf string) (time.Duration, error) { return harness.FirstCommand(repo, conf) }

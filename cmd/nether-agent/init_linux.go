@@ -42,6 +42,9 @@ func initSystem(log *slog.Logger) (params map[string]string, problems []string, 
 			if err := loadModules(diskModuleList, log); err != nil {
 				errs = append(errs, err)
 			}
+			if err := loadModules(ext4ModuleList, log); err != nil {
+				errs = append(errs, err)
+			}
 		}
 		if err := mountData(); err != nil {
 			errs = append(errs, err)

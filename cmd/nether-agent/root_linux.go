@@ -24,6 +24,9 @@ const (
 	rootSerial = "nether-root"
 	// diskModuleList is guestimage.DiskModuleListPath.
 	diskModuleList = "/etc/nether/modules.disk"
+	// ext4ModuleList is guestimage.Ext4ModuleListPath: loaded only by a
+	// guest that mounts ext4 (a /data disk, an ext4 root image).
+	ext4ModuleList = "/etc/nether/modules.ext4"
 	// rootDeviceWait bounds the wait for the block device: virtio_blk
 	// registers it while its module loads.
 	rootDeviceWait = 5 * time.Second
@@ -37,6 +40,12 @@ const (
 func prepareRoot(fstype string, params map[string]string, log *slog.Logger) error {
 	if err := loadModules(diskModuleList, log); err != nil {
 		return err
+	}
+	if fstype == "ext4" || params["nether.disk"] == "1" {
+		// Now: the initramfs that holds them is gone after the switch.
+		if err := loadModules(ext4ModuleList, log); err != nil {
+			return err
+		}
 	}
 	if params["nether.net"] == "1" {
 		// As setupNetwork does, before the NIC exists: eth0 is born

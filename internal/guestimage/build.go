@@ -40,13 +40,18 @@ const (
 	// with block devices (a root image, a /data disk) loads; none of them
 	// is in the lists above.
 	DiskModuleListPath = "/etc/nether/modules.disk"
+	// Ext4ModuleListPath lists the modules a guest that mounts ext4 (a
+	// /data disk, an ext4 root image) loads after DiskModuleListPath's;
+	// none of them is in the lists above.
+	Ext4ModuleListPath = "/etc/nether/modules.ext4"
 )
 
 // formatVersion changes whenever the image layout changes, so that a build
 // with identical inputs but a newer builder is not skipped.
 // 2: the network's modules, in their own list.
 // 3: the block devices' modules, in their own list.
-const formatVersion = 3
+// 4: ext4's modules, in a list of their own.
+const formatVersion = 4
 
 // DefaultBusybox is where busybox-static puts its binary.
 const DefaultBusybox = "/bin/busybox"
@@ -64,6 +69,9 @@ type BuildOptions struct {
 	// DiskModules are the root modules only a guest with block devices
 	// loads; default DefaultDiskModules (nil means the default).
 	DiskModules []string
+	// Ext4Modules are the root modules only a guest that mounts ext4
+	// loads; default DefaultExt4Modules (nil means the default).
+	Ext4Modules []string
 	Out         string // output directory
 }
 
@@ -89,6 +97,8 @@ type Manifest struct {
 	NetModules      []string `json:"net_modules"` // in-image paths, load order, after Modules
 	DiskRootModules []string `json:"disk_root_modules"`
 	DiskModules     []string `json:"disk_modules"` // in-image paths, load order, after Modules
+	Ext4RootModules []string `json:"ext4_root_modules"`
+	Ext4Modules     []string `json:"ext4_modules"` // in-image paths, load order, after DiskModules
 
 	// Stamps records size, mtime and inode of every input and output next
 	// to its digest, so an unchanged file is not hashed again: hashing the
@@ -183,6 +193,9 @@ func Build(opts BuildOptions) (*Manifest, error) {
 	if opts.DiskModules == nil {
 		opts.DiskModules = DefaultDiskModules
 	}
+	if opts.Ext4Modules == nil {
+		opts.Ext4Modules = DefaultExt4Modules
+	}
 	k := opts.Kernel
 
 	if err := checkStatic(opts.Agent, "agent"); err != nil {
@@ -204,6 +217,7 @@ func Build(opts BuildOptions) (*Manifest, error) {
 		RootModules:          slices.Clone(opts.Modules),
 		NetRootModules:       slices.Clone(opts.NetModules),
 		DiskRootModules:      slices.Clone(opts.DiskModules),
+		Ext4RootModules:      slices.Clone(opts.Ext4Modules),
 	}
 	// A missing or unreadable old manifest just means a full build.
 	old, _ := ReadManifest(opts.Out)
@@ -227,6 +241,7 @@ func Build(opts BuildOptions) (*Manifest, error) {
 		m.Modules = old.Modules
 		m.NetModules = old.NetModules
 		m.DiskModules = old.DiskModules
+		m.Ext4Modules = old.Ext4Modules
 		m.Reused = true
 		// Rewrite only when a stamp moved (e.g. the agent was rebuilt with
 		// the same bytes), so the next run can skip hashing it again.
@@ -254,12 +269,17 @@ func Build(opts BuildOptions) (*Manifest, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kernel %s: block device modules: %w", k.Version, err)
 	}
+	ext4Paths, ext4Builtin, err := ix.Resolve(opts.Ext4Modules)
+	if err != nil {
+		return nil, fmt.Errorf("kernel %s: ext4 modules: %w", k.Version, err)
+	}
 	// A dependency the base list loads already (virtio, say) is loaded
-	// once, by the base list.
+	// once, by the base list; one the disk list loads, by the disk list.
 	inBase := func(p string) bool { return slices.Contains(modPaths, p) }
 	netPaths = slices.DeleteFunc(netPaths, inBase)
 	diskPaths = slices.DeleteFunc(diskPaths, inBase)
-	for _, b := range slices.Concat(netBuiltin, diskBuiltin) {
+	ext4Paths = slices.DeleteFunc(ext4Paths, func(p string) bool { return inBase(p) || slices.Contains(diskPaths, p) })
+	for _, b := range slices.Concat(netBuiltin, diskBuiltin, ext4Builtin) {
 		if !slices.Contains(builtin, b) {
 			builtin = append(builtin, b)
 		}
@@ -295,7 +315,7 @@ func Build(opts BuildOptions) (*Manifest, error) {
 		paths []string
 		list  string
 		dst   *[]string
-	}{{modPaths, ModuleListPath, &m.Modules}, {netPaths, NetModuleListPath, &m.NetModules}, {diskPaths, DiskModuleListPath, &m.DiskModules}} {
+	}{{modPaths, ModuleListPath, &m.Modules}, {netPaths, NetModuleListPath, &m.NetModules}, {diskPaths, DiskModuleListPath, &m.DiskModules}, {ext4Paths, Ext4ModuleListPath, &m.Ext4Modules}} {
 		var list bytes.Buffer
 		for _, p := range l.paths {
 			data, err := readModule(filepath.Join(k.ModulesDir, filepath.FromSlash(p)))
@@ -378,7 +398,8 @@ func upToDate(out string, old, want *Manifest) bool {
 		old.SHA256.Agent != want.SHA256.Agent || old.SHA256.Busybox != want.SHA256.Busybox ||
 		!slices.Equal(old.RootModules, want.RootModules) ||
 		!slices.Equal(old.NetRootModules, want.NetRootModules) ||
-		!slices.Equal(old.DiskRootModules, want.DiskRootModules) {
+		!slices.Equal(old.DiskRootModules, want.DiskRootModules) ||
+		!slices.Equal(old.Ext4RootModules, want.Ext4RootModules) {
 		return false
 	}
 	for _, f := range []struct{ role, name, sum string }{

@@ -170,7 +170,9 @@ func TestBuild(t *testing.T) {
 	wantNetList := "/" + modRoot + "kernel/net/core/failover.ko\n/" + modRoot + "kernel/drivers/net/net_failover.ko\n/" + modRoot + "kernel/drivers/net/virtio_net.ko\n"
 	// The block devices' list likewise, in the order of its roots.
 	wantDiskList := "/" + modRoot + "kernel/crypto/crc32c_generic.ko\n/" + modRoot + "kernel/drivers/block/virtio_blk.ko\n/" + modRoot + "kernel/fs/erofs/erofs.ko\n/" +
-		modRoot + "kernel/fs/overlayfs/overlay.ko\n/" + modRoot + "kernel/fs/jbd2/jbd2.ko\n/" + modRoot + "kernel/fs/ext4/ext4.ko\n"
+		modRoot + "kernel/fs/overlayfs/overlay.ko\n"
+	// ext4's list: its dependencies first, nothing the disk list loads.
+	wantExt4List := "/" + modRoot + "kernel/fs/jbd2/jbd2.ko\n/" + modRoot + "kernel/fs/ext4/ext4.ko\n"
 	if len(mA.RootModules) == 3 {
 		wantList += "/" + modRoot + "kernel/drivers/char/hw_random/virtio-rng.ko\n"
 	}
@@ -205,6 +207,12 @@ func TestBuild(t *testing.T) {
 		}},
 		{"etc/nether/modules.disk", func(r cpio.Record) string {
 			if got := content(t, r); got != wantDiskList {
+				return "content " + got
+			}
+			return ""
+		}},
+		{"etc/nether/modules.ext4", func(r cpio.Record) string {
+			if got := content(t, r); got != wantExt4List {
 				return "content " + got
 			}
 			return ""
