@@ -17,5 +17,5 @@ GOOS=darwin go build -o /dev/null ./client ./cmd/nether-ctl
 # Unit tests (fuzz targets run their seed corpora) with the race detector;
 # the end-to-end suite builds its own nether and boots real guests.
 go test -race -count=1 $(go list ./... | grep -v /test/e2e)
-go test -count=1 -timeout 20m ./test/e2e
+go test -count=1 -timeout 30m ./test/e2e
 echo "test: all passed"

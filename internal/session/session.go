@@ -243,6 +243,11 @@ func (s *Session) run() (reason string, err error) {
 		if filepath.Dir(s.cfg.ControlSocket) == filepath.Clean(s.cfg.Dir) {
 			j.Protect(filepath.Base(s.cfg.ControlSocket))
 		}
+		// Nor the disk the guest is writing (a fork's layer lives in the
+		// launch directory by default).
+		if d := s.getView().disk; d != "" && filepath.Dir(d) == filepath.Clean(s.cfg.Dir) {
+			j.Protect(filepath.Base(d))
+		}
 		s.term = screen.New(screenCols, screenRows, screenScrollback)
 		defer s.term.Close()
 		s.ctl = control.New(s.log, s, s.meter, s.cfg.MaxOutputBytes)

@@ -245,6 +245,11 @@ func TestDiskForks(t *testing.T) {
 		t.Error("the artifact's disk layer changed while its forks ran")
 	}
 
+	// A transfer never replaces the layer a fork is writing.
+	if body, exit := run(t, clients[0], "__get__ /data/me disk.qcow2"); exit == 0 {
+		t.Errorf("__get__ onto the fork's own disk layer: %q", body)
+	}
+
 	// A fork of a fork: its base's layer holds fork 0's disk.
 	f0, f0c := forks[0], clients[0]
 	f0art := takeSnapshot(t, f0, f0c, "f0")
