@@ -95,13 +95,18 @@ const DiskFileName = "disk"
 // Disk is a persistent disk's host file.
 type Disk struct {
 	// Path is the file the guest's writes go to: a raw ext4 image, or a
-	// copy-on-write layer over a snapshot's disk.
+	// copy-on-write layer over a snapshot's disk (LayerMaker).
 	Path string
-	// Backing, when set, makes Start create Path (which must not exist)
-	// as a new copy-on-write layer over Backing, a committed artifact's
-	// disk layer: the fork reads the disk its memory expects and writes
-	// only into its own layer, which costs what it writes.
-	Backing string
+}
+
+// LayerMaker is an Engine that can make a fork's disk: a new
+// copy-on-write layer over a committed artifact's disk layer, so the fork
+// reads the disk its memory expects and writes only into its own layer,
+// which costs what it writes.
+type LayerMaker interface {
+	// CreateLayer creates path, which must not exist, as a layer over
+	// backing.
+	CreateLayer(ctx context.Context, path, backing string) error
 }
 
 // DiskCapturer is a Machine whose persistent disk can be captured with

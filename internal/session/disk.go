@@ -185,8 +185,23 @@ func (s *Session) restoreDisk(ctx context.Context, spec *engine.Spec, art *snaps
 		if _, err := os.Lstat(path); err == nil {
 			return fmt.Errorf("disk = %s exists: a fork writes into a new copy-on-write layer over its snapshot's disk; remove the file or name a new one", path)
 		}
-		spec.Disk = &engine.Disk{Path: path, Backing: filepath.Join(art.Dir, snapshot.FileDisk)}
-		s.diskPath = path // locked once the engine has made it
+		lm, ok := s.opt.Engine.(engine.LayerMaker)
+		if !ok {
+			return errors.New("this engine cannot give a fork a disk layer")
+		}
+		// Made now, before the artifact's verification takes the CPUs:
+		// the engine cannot start before its disk exists.
+		if err := lm.CreateLayer(ctx, path, filepath.Join(art.Dir, snapshot.FileDisk)); err != nil {
+			return err
+		}
+		lock, err := disk.LockLayer(path)
+		if err != nil {
+			os.Remove(path)
+			return err
+		}
+		s.holdDisk(lock, path)
+		s.forkLayer = path
+		spec.Disk = &engine.Disk{Path: path}
 		return nil
 	}
 	if s.cfg.Disk != "" && s.cfg.Disk != sec.Live {
@@ -202,16 +217,6 @@ func (s *Session) restoreDisk(ctx context.Context, spec *engine.Spec, art *snaps
 	}
 	s.holdDisk(lock, sec.Live)
 	spec.Disk = &engine.Disk{Path: sec.Live}
-	return nil
-}
-
-// lockForkLayer locks the layer the engine created for a fork.
-func (s *Session) lockForkLayer() error {
-	lock, err := disk.LockLayer(s.diskPath)
-	if err != nil {
-		return err
-	}
-	s.holdDisk(lock, s.diskPath)
 	return nil
 }
 

@@ -127,6 +127,14 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }, s.consoleComponent(), s.netComp, &planesComponent{s: s}, s.diskComp, &policyComponent{s: s})
 	var r *restoring
 	if s.cfg.Restore {
+		// A fork's new disk layer is its own: a failed restore takes it
+		// along.
+		defer func() {
+			if err != nil && s.forkLayer != "" {
+				s.releaseDisk()
+				os.Remove(s.forkLayer)
+			}
+		}()
 		if r, err = s.openArtifact(ctx, &spec, comps); err != nil {
 			return err
 		}
@@ -143,20 +151,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		}
 		return fmt.Errorf("booting the guest: %w", err)
 	}
-	if d := spec.Disk; d != nil && d.Backing != "" {
-		// The fork's layer is new and its own: a failed restore takes
-		// it along, and a second nether cannot open it while this runs.
-		defer func() {
-			if err != nil {
-				s.releaseDisk()
-				os.Remove(d.Path)
-			}
-		}()
-		if err := s.lockForkLayer(); err != nil {
-			m.Quit(ctx)
-			return err
-		}
-	}
+
 	defer func() {
 		if err != nil {
 			m.Quit(ctx)

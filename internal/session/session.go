@@ -115,6 +115,9 @@ type Session struct {
 	diskPath string
 	diskLock atomic.Pointer[disk.Lock]
 	diskComp *diskComponent
+	// forkLayer is the disk layer this restore made ("" if none): removed
+	// again when the restore fails.
+	forkLayer string
 
 	// Set once by assemble, before ready is closed; read freely after.
 	machine engine.Machine

@@ -54,11 +54,11 @@ func diskFormat(path string) string {
 	return "raw"
 }
 
-// createLayer makes path a new qcow2 layer over backing (a committed
+// CreateLayer makes path a new qcow2 layer over backing (a committed
 // artifact's disk layer, itself qcow2): a few hundred KiB of metadata,
 // whatever the disk's size. path must not exist: a fork never writes
 // into a file that was there before it.
-func createLayer(ctx context.Context, path, backing string) error {
+func (e *Engine) CreateLayer(ctx context.Context, path, backing string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -243,4 +243,7 @@ func syncPath(path string) error {
 	return nil
 }
 
-var _ engine.DiskCapturer = (*Machine)(nil)
+var (
+	_ engine.DiskCapturer = (*Machine)(nil)
+	_ engine.LayerMaker   = (*Engine)(nil)
+)

@@ -118,16 +118,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	if spec.Display && spec.Incoming == nil {
 		warnPVHDisplay(e.log, spec.Kernel)
 	}
-	if d := spec.Disk; d != nil && d.Backing != "" {
-		if err := createLayer(ctx, d.Path, d.Backing); err != nil {
-			return nil, err
-		}
-		defer func() {
-			if err != nil {
-				os.Remove(d.Path)
-			}
-		}()
-	}
+
 	m := &Machine{
 		log:     e.log,
 		stderr:  &tailBuffer{max: 8 << 10},
