@@ -48,6 +48,16 @@ nether.conf keys (key = value, # comments):
   x402              on|off: settlement framing of the final record (default off)
   accel             auto|kvm|tcg (default auto: KVM only on a CPU with vmx/svm)
   kernel, image     guest kernel and initramfs (default: what setup built)
+  rootfs            the guest's root image: a path, or busybox for the
+                    initramfs alone (default: the Debian image setup built)
+  run_as            run every command and transfer as this guest user
+                    (default root); a fork may narrow it, never widen it
+  disk              persistent disk at /data: a host file, created and
+                    formatted ext4 if absent, locked while the sandbox runs;
+                    in a fork, where its own copy-on-write layer goes
+                    (default disk.qcow2 in the launch directory)
+  disk_size_mb      size of a new disk, 8-1048576 (default 64); an existing
+                    one must be at least this large
   sandbox_id        1-128 printable ASCII bytes, no spaces (default: minted)
   hostname          guest hostname, one DNS label (default: minted)
   gpu               0|1: a display for __frame__/__framediff__ (default 0)
