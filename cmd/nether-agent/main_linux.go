@@ -46,7 +46,7 @@ func main() {
 	policyFailed := false
 	if name, ok := params["nether.run_as"]; ok {
 		// Unknown user: no command runs at all, rather than as root.
-		if err := policy.narrow(name, "/etc/passwd", "/etc/group"); err != nil {
+		if err := policy.narrow(name, passwdFile, groupFile); err != nil {
 			log.Error("agent: run_as", "err", err)
 			problems = append(problems, err.Error())
 			policyFailed = true

@@ -36,6 +36,12 @@ func (p *runAsPolicy) get() *account {
 // rootName is how root is spelt in a handshake that asks for it.
 const rootName = "root"
 
+// The guest's account files, which run_as is looked up in.
+const (
+	passwdFile = "/etc/passwd"
+	groupFile  = "/etc/group"
+)
+
 // narrow applies a restore's run_as: "" keeps the policy, the user the
 // policy already has keeps it too, a user when the policy is root
 // narrows to that user (who must exist), anything else is refused.

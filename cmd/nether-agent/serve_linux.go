@@ -54,7 +54,7 @@ type agent struct {
 
 func newAgent(log *slog.Logger, r *reaper, mux *channel.Mux, powerOff func()) *agent {
 	return &agent{log: log, reaper: r, mux: mux, powerOff: powerOff, gone: make(chan struct{}),
-		policy: &runAsPolicy{}, passwd: "/etc/passwd", group: "/etc/group"}
+		policy: &runAsPolicy{}, passwd: passwdFile, group: groupFile}
 }
 
 // run serves the streams the host opens until the channel closes (or ctx

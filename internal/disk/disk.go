@@ -84,13 +84,9 @@ var (
 // MiB is a mebibyte, the unit of disk_size_mb.
 const MiB = 1 << 20
 
-// checkExisting checks an existing disk file without writing it.
-func checkExisting(path string, sizeMB int) (Info, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	if err != nil {
-		return Info{}, fmt.Errorf("disk %s cannot be opened for writing: %w", path, err)
-	}
-	defer f.Close()
+// checkExisting checks an existing disk file, open read-write as f,
+// without writing it.
+func checkExisting(f *os.File, path string, sizeMB int) (Info, error) {
 	format, size, err := sniff(f)
 	switch {
 	case errors.Is(err, errNotExt4), errors.Is(err, errExt23):
@@ -103,4 +99,18 @@ func checkExisting(path string, sizeMB int) (Info, error) {
 			path, size/MiB, sizeMB)
 	}
 	return Info{Path: path, Format: format, Size: size}, nil
+}
+
+// FormatOf reads which format a disk file nether checked or made is in,
+// from its first bytes: QCOW2 for a layer, else Raw.
+func FormatOf(path string) (Format, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("disk %s: %w", path, err)
+	}
+	defer f.Close()
+	if format, _, err := sniff(f); err == nil && format == QCOW2 {
+		return QCOW2, nil
+	}
+	return Raw, nil
 }

@@ -64,7 +64,7 @@ func Prepare(ctx context.Context, path string, sizeMB int) (*Lock, Info, error) 
 		}
 		return lock, Info{Path: path, Format: Raw, Size: int64(sizeMB) * MiB, Fresh: true}, nil
 	}
-	info, err := checkExisting(path, sizeMB)
+	info, err := checkExisting(f, path, sizeMB)
 	if err != nil {
 		return fail(err)
 	}

@@ -97,6 +97,9 @@ type Disk struct {
 	// Path is the file the guest's writes go to: a raw ext4 image, or a
 	// copy-on-write layer over a snapshot's disk (LayerMaker).
 	Path string
+	// QCOW2: the file is a qcow2 layer; otherwise the file is the block
+	// device, byte for byte.
+	QCOW2 bool
 }
 
 // LayerMaker is an Engine that can make a fork's disk: a new

@@ -159,7 +159,7 @@ func (s *Session) bootDisk(ctx context.Context, spec *engine.Spec) error {
 	if info.Fresh {
 		s.log.Info("created the persistent disk", "path", info.Path, "size_mb", s.cfg.DiskSizeMB)
 	}
-	spec.Disk = &engine.Disk{Path: info.Path}
+	spec.Disk = &engine.Disk{Path: info.Path, QCOW2: info.Format == disk.QCOW2}
 	return nil
 }
 
@@ -201,7 +201,7 @@ func (s *Session) restoreDisk(ctx context.Context, spec *engine.Spec, art *snaps
 		}
 		s.holdDisk(lock, path)
 		s.forkLayer = path
-		spec.Disk = &engine.Disk{Path: path}
+		spec.Disk = &engine.Disk{Path: path, QCOW2: true}
 		return nil
 	}
 	if s.cfg.Disk != "" && s.cfg.Disk != sec.Live {
@@ -215,8 +215,13 @@ func (s *Session) restoreDisk(ctx context.Context, spec *engine.Spec, art *snaps
 		lock.Close()
 		return err
 	}
+	format, err := disk.FormatOf(sec.Live)
+	if err != nil {
+		lock.Close()
+		return err
+	}
 	s.holdDisk(lock, sec.Live)
-	spec.Disk = &engine.Disk{Path: sec.Live}
+	spec.Disk = &engine.Disk{Path: sec.Live, QCOW2: format == disk.QCOW2}
 	return nil
 }
 

@@ -96,10 +96,10 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		cmdline += " nether.root=" + fstype
 	}
 	if !s.cfg.Restore {
-		if s.cfg.RunAs != "" && s.cfg.RunAs != "root" {
+		if runAs := s.getView().runAs; runAs != "" {
 			// The agent looks the user up before it says hello, and
 			// refuses every command if it cannot.
-			cmdline += " nether.run_as=" + s.cfg.RunAs
+			cmdline += " nether.run_as=" + runAs
 		}
 		if s.cfg.Disk != "" {
 			cmdline += " nether.disk=1"

@@ -14,9 +14,8 @@ import (
 	"github.com/nethersandbox/nether/internal/engine"
 )
 
-// The persistent disk. QEMU opens it through -blockdev, its format read
-// from the file's first bytes (a raw ext4 image, or a qcow2 layer nether
-// made), with the host page cache and flushes passed through: a guest
+// The persistent disk. QEMU opens it through -blockdev, in the format
+// the session found (a raw ext4 image, or a qcow2 layer nether made), with the host page cache and flushes passed through: a guest
 // fsync becomes a flush request, which QEMU turns into an fdatasync of the
 // file before the guest's fsync returns. QEMU's own image locking stays
 // on as a second guard behind the session's lock.
@@ -27,31 +26,20 @@ const dataDevice = "virtio-blk-pci,drive=data,serial=" + engine.DataDiskSerial
 // qemuImg is the image tool of Debian's qemu-utils.
 const qemuImg = "qemu-img"
 
-// dataBlockdev is the -blockdev JSON for the disk at path (JSON, so a
-// path needs no escaping of QEMU's option commas).
-func dataBlockdev(path string) string {
+// dataBlockdev is the -blockdev JSON for the disk (JSON, so a path needs
+// no escaping of QEMU's option commas).
+func dataBlockdev(d *engine.Disk) string {
+	driver := "raw"
+	if d.QCOW2 {
+		driver = "qcow2"
+	}
 	node := map[string]any{
-		"driver":    diskFormat(path),
+		"driver":    driver,
 		"node-name": "data",
-		"file":      map[string]any{"driver": "file", "filename": path},
+		"file":      map[string]any{"driver": "file", "filename": d.Path},
 	}
 	b, _ := json.Marshal(node) // plain strings: cannot fail
 	return string(b)
-}
-
-// diskFormat is "qcow2" for a file with qcow2's magic, else "raw". The
-// session has checked the file already; this only picks the driver.
-func diskFormat(path string) string {
-	f, err := os.Open(path)
-	if err != nil {
-		return "raw"
-	}
-	defer f.Close()
-	var magic [4]byte
-	if _, err := f.ReadAt(magic[:], 0); err == nil && string(magic[:]) == "QFI\xfb" {
-		return "qcow2"
-	}
-	return "raw"
 }
 
 // CreateLayer makes path a new qcow2 layer over backing (a committed

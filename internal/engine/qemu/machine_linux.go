@@ -409,7 +409,7 @@ func commandLine(spec engine.Spec, cmdline string, socks map[string]string, memF
 		args = append(args, "-drive", rootDrive(spec.RootImage), "-device", rootDevice)
 	}
 	if spec.Disk != nil {
-		args = append(args, "-blockdev", dataBlockdev(spec.Disk.Path), "-device", dataDevice)
+		args = append(args, "-blockdev", dataBlockdev(spec.Disk), "-device", dataDevice)
 	}
 	if spec.Incoming != nil {
 		args = append(args, "-incoming", "defer")
