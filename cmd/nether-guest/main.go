@@ -168,13 +168,7 @@ func rootfs(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return err
 	}
-	level := slog.LevelInfo
-	tools := rootimage.ExecTools{}
-	if *verbose {
-		level = slog.LevelDebug
-		tools.Output = stderr
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	tools, log := imageTools(*verbose, stderr)
 
 	start := time.Now()
 	res, err := rootimage.Build(ctx, rootimage.Options{Recipe: recipe, Cache: *cache, Out: *out, Log: log, Tools: tools})
@@ -239,13 +233,7 @@ func importImage(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	if err != nil {
 		return err
 	}
-	level := slog.LevelInfo
-	tools := rootimage.ExecTools{}
-	if *verbose {
-		level = slog.LevelDebug
-		tools.Output = stderr
-	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	tools, log := imageTools(*verbose, stderr)
 
 	start := time.Now()
 	res, err := rootimage.Import(ctx, rootimage.ImportOptions{Source: srcs[0], Out: *out, Format: f, Name: *name, Log: log, Tools: tools})
@@ -263,4 +251,16 @@ func importImage(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	fmt.Fprintf(stdout, " (extract %.1fs, mkfs %.1fs, %.2fs)\nboot it with rootfs = %s\n", res.Extract.Seconds(), res.MakeFS.Seconds(), time.Since(start).Seconds(), res.Image)
 	return nil
+}
+
+// imageTools are the image builders' tools and logger: with -v, debug
+// logging and the tools' own output on stderr.
+func imageTools(verbose bool, stderr io.Writer) (rootimage.ExecTools, *slog.Logger) {
+	level := slog.LevelInfo
+	tools := rootimage.ExecTools{}
+	if verbose {
+		level = slog.LevelDebug
+		tools.Output = stderr
+	}
+	return tools, slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 }
