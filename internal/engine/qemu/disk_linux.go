@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/nethersandbox/nether/internal/disk"
 	"github.com/nethersandbox/nether/internal/engine"
 )
 
@@ -44,9 +46,18 @@ func dataBlockdev(d *engine.Disk) string {
 
 // CreateLayer makes path a new qcow2 layer over backing (a committed
 // artifact's disk layer, itself qcow2): a few hundred KiB of metadata,
-// whatever the disk's size. path must not exist: a fork never writes
-// into a file that was there before it.
-func (e *Engine) CreateLayer(ctx context.Context, path, backing string) error {
+// whatever the disk's size, written in-process (disk.WriteLayer) because
+// a fork waits for it. path must not exist: a fork never writes into a
+// file that was there before it.
+func (e *Engine) CreateLayer(ctx context.Context, path, backing string) (err error) {
+	backing, err = filepath.Abs(backing)
+	if err != nil {
+		return fmt.Errorf("creating the fork's disk layer: %w", err)
+	}
+	size, err := disk.LayerSize(backing)
+	if err != nil {
+		return fmt.Errorf("creating the fork's disk layer over %s: %w", backing, err)
+	}
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		if errors.Is(err, os.ErrExist) {
@@ -54,9 +65,15 @@ func (e *Engine) CreateLayer(ctx context.Context, path, backing string) error {
 		}
 		return fmt.Errorf("creating the fork's disk layer: %w", err)
 	}
-	f.Close()
-	if err := runQemuImg(ctx, "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", backing, path); err != nil {
-		os.Remove(path)
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("creating the fork's disk layer %s: %w", path, cerr)
+		}
+		if err != nil {
+			os.Remove(path)
+		}
+	}()
+	if err := disk.WriteLayer(f, backing, size); err != nil {
 		return fmt.Errorf("creating the fork's disk layer %s over %s: %w", path, backing, err)
 	}
 	return nil
