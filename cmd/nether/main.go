@@ -14,6 +14,7 @@ import (
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/engine/qemu"
 	"github.com/nethersandbox/nether/internal/session"
+	"github.com/nethersandbox/nether/internal/snapshot"
 )
 
 const usage = `nether: run one Linux sandbox.
@@ -147,6 +148,7 @@ func main() {
 		Stdout:   os.Stdout,
 		Stdin:    os.Stdin,
 		GuestDir: guestDir(),
+		Verified: verifiedCache(log),
 		// Only a build for bench/observe turns observation off.
 		Unobserved: unobserved,
 	}))
@@ -163,6 +165,17 @@ func validate(cfg *conf.Config, eng *qemu.Engine) int {
 	}
 	fmt.Println(summary)
 	return 0
+}
+
+// verifiedCache is where restores remember the artifacts they verified
+// in full; without a cache directory every restore verifies in full.
+func verifiedCache(log *slog.Logger) *snapshot.VerifiedCache {
+	dir, err := snapshot.DefaultVerifiedCacheDir()
+	if err != nil {
+		log.Warn("no cache directory: every restore verifies its snapshot in full", "err", err)
+		return nil
+	}
+	return &snapshot.VerifiedCache{Dir: dir, Log: log}
 }
 
 func guestDir() string {

@@ -311,8 +311,9 @@ func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec, comps com
 	verified := make(chan error, 1)
 	go func() {
 		start := time.Now()
-		err := art.Verify(ctx)
-		s.log.Debug("artifact checksums verified", "took_ms", time.Since(start).Milliseconds(), "err", err)
+		remembered, err := art.VerifyCached(ctx, s.opt.Verified)
+		s.log.Debug("artifact checksums verified", "took_ms", time.Since(start).Milliseconds(),
+			"unchanged_since_verified", remembered, "err", err)
 		verified <- err
 	}()
 	r.verified = verified

@@ -83,6 +83,10 @@ type Options struct {
 	// (handshakeTimeout, powerOffWait); tests shorten them.
 	HandshakeTimeout time.Duration
 	PowerOffWait     time.Duration
+	// Verified remembers the artifacts this host verified in full, so a
+	// restore of an unchanged one does not read all of it again; nil
+	// verifies every restore in full. validate_snapshot always does.
+	Verified *snapshot.VerifiedCache
 	// Unobserved turns the event timeline and the command log off (their
 	// commands answer a framed ERR). It exists to measure what
 	// observation costs (bench/observe builds nether with the

@@ -569,16 +569,26 @@ func wokenErr() error {
 // Verify hashes the contents (state sha256, ram chunk CRC32Cs with holes
 // skipped) and reports the first mismatch.
 func (a *Artifact) Verify(ctx context.Context) error {
-	if err := a.verify(ctx); err != nil {
-		return pathErr(a.Dir, err)
-	}
-	return nil
+	_, err := a.VerifyCached(ctx, nil)
+	return err
 }
 
-func (a *Artifact) verify(ctx context.Context) error {
+// VerifyCached is Verify, except that an artifact whose files are
+// unchanged since cache recorded its full verification is not read again
+// (remembered is then true). A full verification that passes is recorded
+// in cache. A nil cache always verifies in full.
+func (a *Artifact) VerifyCached(ctx context.Context, cache *VerifiedCache) (remembered bool, err error) {
+	if remembered, err = a.verify(ctx, cache); err != nil {
+		return false, pathErr(a.Dir, err)
+	}
+	return remembered, nil
+}
+
+func (a *Artifact) verify(ctx context.Context, cache *VerifiedCache) (bool, error) {
+	start := time.Now()
 	dirfd, err := unix.Open(a.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return fmt.Errorf("opening: %w", err)
+		return false, fmt.Errorf("opening: %w", err)
 	}
 	defer unix.Close(dirfd)
 	// The metadata we compare against must still be what the marker
@@ -586,10 +596,10 @@ func (a *Artifact) verify(ctx context.Context) error {
 	// another's checksums.
 	raw, err := readSmallAt(dirfd, fileMeta, maxMetaSize)
 	if err != nil {
-		return fmt.Errorf("reading %s: %w", fileMeta, err)
+		return false, fmt.Errorf("reading %s: %w", fileMeta, err)
 	}
 	if sha256.Sum256(raw) != a.metaSum {
-		return errc(ErrCorrupt, nil, "%s changed since the snapshot was opened", fileMeta)
+		return false, errc(ErrCorrupt, nil, "%s changed since the snapshot was opened", fileMeta)
 	}
 	files := make(map[string]*os.File, len(a.Meta.Files))
 	defer func() {
@@ -597,26 +607,31 @@ func (a *Artifact) verify(ctx context.Context) error {
 			f.Close()
 		}
 	}()
+	stamps := make(map[string]fileStamp, len(a.Meta.Files))
 	for _, name := range sortedKeys(a.Meta.Files) {
 		f, err := openRegularAt(dirfd, name, unix.O_RDONLY)
 		if err != nil {
-			return errc(ErrCorrupt, err, "opening %s: %v", name, err)
+			return false, errc(ErrCorrupt, err, "opening %s: %v", name, err)
 		}
 		files[name] = f
 		var st unix.Stat_t
 		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-			return fmt.Errorf("stat %s: %w", name, err)
+			return false, fmt.Errorf("stat %s: %w", name, err)
 		}
 		if want := a.Meta.Files[name].Size; st.Size != want {
-			return errc(ErrCorrupt, nil, "%s is %d bytes, metadata says %d (truncated?)", name, st.Size, want)
+			return false, errc(ErrCorrupt, nil, "%s is %d bytes, metadata says %d (truncated?)", name, st.Size, want)
 		}
+		stamps[name] = stampOf(&st)
+	}
+	if cache.remembers(a.metaSum, stamps) {
+		return true, nil
 	}
 	got, err := checksumFiles(ctx, files)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if st := got[fileState]; st.SHA256 != a.Meta.Files[fileState].SHA256 {
-		return errc(ErrCorrupt, nil, "state does not match its sha256 (corrupted)")
+		return false, errc(ErrCorrupt, nil, "state does not match its sha256 (corrupted)")
 	}
 	for _, name := range []string{fileRAM, FileDisk} {
 		fi, ok := a.Meta.Files[name]
@@ -626,11 +641,15 @@ func (a *Artifact) verify(ctx context.Context) error {
 		have := got[name].Chunks
 		for i, want := range fi.Chunks {
 			if have[i] != want {
-				return errc(ErrCorrupt, nil, "%s chunk %d (offset %d) does not match its checksum (corrupted)", name, i, int64(i)*ChunkSize)
+				return false, errc(ErrCorrupt, nil, "%s chunk %d (offset %d) does not match its checksum (corrupted)", name, i, int64(i)*ChunkSize)
 			}
 		}
 	}
-	return nil
+	// The stamps were taken before the files were read: a change while
+	// they were read moves the ctime past them, so the record never
+	// vouches for bytes other than the ones checked.
+	cache.remember(a.metaSum, stamps, start)
+	return false, nil
 }
 
 // Claim is a park taken for waking.

@@ -31,6 +31,14 @@ func Open(path string) (*Artifact, error) { return nil, pathErr(path, ErrUnsuppo
 
 func (a *Artifact) Verify(ctx context.Context) error { return pathErr(a.Dir, ErrUnsupported) }
 
+// VerifiedCache is Linux's; off Linux there is nothing to verify.
+type VerifiedCache struct{ Dir string }
+
+// VerifyCached always fails off Linux.
+func (a *Artifact) VerifyCached(ctx context.Context, cache *VerifiedCache) (bool, error) {
+	return false, pathErr(a.Dir, ErrUnsupported)
+}
+
 // Claim is unavailable off Linux.
 type Claim struct{}
 
