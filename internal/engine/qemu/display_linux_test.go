@@ -20,7 +20,7 @@ func TestCommandLineDisplay(t *testing.T) {
 	}{{"no display", false}, {"display", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := engine.Spec{CPUs: 1, RAMMB: 256, Accel: engine.AccelTCG, Kernel: "/k", Initrd: "/i", Display: tc.display}
-			args := commandLine(spec, "console=ttyS0", socks, "/proc/self/fd/3", true, "g", -1)
+			args := commandLine(spec, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", -1)
 			var devices []string
 			for i, a := range args {
 				if a == "-device" {

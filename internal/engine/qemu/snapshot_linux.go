@@ -65,6 +65,10 @@ type section struct {
 	// Disk: the machine had a persistent disk; part of the device set.
 	// Which disk it was is the session's to record and check.
 	Disk bool `json:"disk,omitempty"`
+	// CPU is the -cpu model the machine ran on; a restore runs on the
+	// same. Absent in artifacts from before it was recorded (they ran on
+	// "max").
+	CPU string `json:"cpu,omitempty"`
 }
 
 // encode returns sec as an engine section of the version it needs.
@@ -240,7 +244,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return out, fmt.Errorf("saving device state: %w", err)
 	}
 	out.DeviceState = time.Since(start)
-	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil, RootImage: m.root, Disk: m.disk}
+	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil, RootImage: m.root, Disk: m.disk, CPU: m.cpu}
 	if ram != nil {
 		sec.RAM = ramFile
 		start = time.Now()
