@@ -54,8 +54,16 @@ func main() {
 		b = append(b, d)
 		fmt.Printf("run %d: fork with disk %s (layer %s on the host), without %s\n", i+1, harness.MS(a[i]), kib(layer), harness.MS(b[i]))
 	}
+	// The first fork of each base verifies the artifact in full; the
+	// later ones find it unchanged since (snapshot.VerifiedCache) and
+	// skip reading it: both are what a platform sees, so both are shown.
+	fmt.Printf("\nfirst fork of each base (a full verification of the artifact): with disk %s, without %s (%.2f)\n",
+		harness.MS(a[0]), harness.MS(b[0]), float64(a[0])/float64(b[0]))
+	if *n > 1 {
+		a, b = a[1:], b[1:]
+	}
 	am, bm := harness.Percentile(harness.Sorted(a), 50), harness.Percentile(harness.Sorted(b), 50)
-	fmt.Printf("\nfork -> first command, median of %d:\n", *n)
+	fmt.Printf("fork -> first command, median of the %d later forks (the artifact unchanged since it was verified):\n", len(a))
 	fmt.Printf("  base with a 1 GiB disk holding %d MiB: %s\n", *fillMiB, harness.MS(am))
 	fmt.Printf("  the same base without a disk:          %s\n", harness.MS(bm))
 	fmt.Printf("  ratio with/without: %.2f (target <= 1.10)\n", float64(am)/float64(bm))

@@ -32,8 +32,10 @@ import (
 	"github.com/nethersandbox/nether/bench/internal/harness"
 	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/channel"
+	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/engine/qemu"
+	"github.com/nethersandbox/nether/internal/session"
 	"github.com/nethersandbox/nether/internal/snapshot"
 	"github.com/nethersandbox/nether/internal/testharness"
 )
@@ -174,13 +176,20 @@ func qemuRestore(repo, art string) (time.Duration, time.Duration, error) {
 	}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	guest := filepath.Join(repo, "build", "guest")
+	// The base booted the default guest, whose root image is a device
+	// the restored machine must have too.
+	rootImage, err := session.RootImage(&conf.Config{}, guest)
+	if err != nil {
+		return 0, 0, err
+	}
 	ctx := context.Background()
 	start := time.Now()
 	m, err := qemu.New(quiet).Start(ctx, engine.Spec{
 		CPUs: 1, RAMMB: 512, Accel: engine.AccelTCG,
 		Kernel: filepath.Join(guest, "vmlinux"), Initrd: filepath.Join(guest, "initramfs.cpio"),
-		RunDir:   run,
-		Incoming: &engine.Incoming{Dir: art, Section: engine.Section(a.Meta.Sections[snapshot.SectionEngine])},
+		RootImage: rootImage,
+		RunDir:    run,
+		Incoming:  &engine.Incoming{Dir: art, Section: engine.Section(a.Meta.Sections[snapshot.SectionEngine])},
 	})
 	if err != nil {
 		return 0, 0, err
