@@ -217,15 +217,17 @@ func (p *Planes) admitData(c *net.UnixConn) {
 // tenant's connection at once.
 func (p *Planes) Egress(s *channel.Stream, req agentproto.Request, resume bool) {
 	if p.cfg.EgressSocket == "" {
-		s.Reset("the egress plane is off (no egress_socket)")
+		// Counted before the reset: whoever sees the connection end
+		// sees it counted (Stats, the final record).
 		p.egressFailed.Add(1)
+		s.Reset("the egress plane is off (no egress_socket)")
 		p.warn("egress plane: a tenant connection arrived but no egress_socket is configured", "conn", req.Conn)
 		return
 	}
 	b, ok := p.claim("egress", req.Conn)
 	if !ok {
-		s.Reset("too many data and egress connections")
 		p.refused.Add(1)
+		s.Reset("too many data and egress connections")
 		p.warn("egress plane: refused a connection over max_data_conns", "conn", req.Conn, "max_data_conns", p.cfg.MaxConns)
 		return
 	}
@@ -239,8 +241,8 @@ func (p *Planes) Egress(s *channel.Stream, req agentproto.Request, resume bool) 
 		defer p.release(b)
 		c, err := p.dialEgress()
 		if err != nil {
-			s.Reset("the platform's egress socket: " + err.Error())
 			p.egressFailed.Add(1)
+			s.Reset("the platform's egress socket: " + err.Error())
 			p.warn("egress plane: dialling egress_socket failed; the tenant's connection is closed", "conn", req.Conn, "err", err)
 			return
 		}
@@ -251,9 +253,9 @@ func (p *Planes) Egress(s *channel.Stream, req agentproto.Request, resume bool) 
 		_, err = io.WriteString(c, Preamble(req.Conn, resume))
 		c.SetWriteDeadline(time.Time{})
 		if err != nil {
+			p.egressFailed.Add(1)
 			s.Reset("the platform's egress socket: writing the preamble: " + err.Error())
 			c.Close()
-			p.egressFailed.Add(1)
 			p.warn("egress plane: writing the preamble failed", "conn", req.Conn, "err", err)
 			return
 		}
