@@ -10,14 +10,18 @@ import (
 	"testing"
 )
 
-func needTools(t *testing.T) {
+func needTools(t *testing.T) { needPackage(t, "e2fsprogs", "mke2fs", "debugfs") }
+
+// needPackage skips a test without the programs of a Debian package,
+// except in CI, where setup installs it.
+func needPackage(t *testing.T, pkg string, progs ...string) {
 	t.Helper()
-	for _, p := range []string{"mke2fs", "debugfs"} {
+	for _, p := range progs {
 		if _, err := lookSbin(p); err != nil {
 			if os.Getenv("CI") != "" {
-				t.Fatalf("%v (CI is set: setup installs e2fsprogs)", err)
+				t.Fatalf("%s is missing (CI is set: setup installs %s)", p, pkg)
 			}
-			t.Skipf("SKIPPING: %v", err)
+			t.Skipf("SKIPPING: %s is missing (install %s)", p, pkg)
 		}
 	}
 }

@@ -11,19 +11,8 @@ import (
 	"testing"
 )
 
-// needQEMUTools skips without qemu-img and qemu-io (Debian's qemu-utils),
-// except in CI, where setup installs them.
-func needQEMUTools(t *testing.T) {
-	t.Helper()
-	for _, p := range []string{"qemu-img", "qemu-io"} {
-		if _, err := exec.LookPath(p); err != nil {
-			if os.Getenv("CI") != "" {
-				t.Fatalf("%v (CI is set: setup installs qemu-utils)", err)
-			}
-			t.Skipf("SKIPPING: %v (install qemu-utils)", err)
-		}
-	}
-}
+// needQEMUTools skips without qemu-img and qemu-io, except in CI.
+func needQEMUTools(t *testing.T) { needPackage(t, "qemu-utils", "qemu-img", "qemu-io") }
 
 func qemuTool(t *testing.T, prog string, args ...string) string {
 	t.Helper()
