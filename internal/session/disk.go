@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/nethersandbox/nether/internal/disk"
 	"github.com/nethersandbox/nether/internal/engine"
@@ -36,7 +37,16 @@ type diskSection struct {
 	Live   string   `json:"live,omitempty"`
 	Size   int64    `json:"size,omitempty"`
 	Chunks []uint32 `json:"chunks,omitempty"`
+	// Stamp (a park) is the live disk's stamp when its checksums were
+	// taken: a wake that finds the same stamp knows the disk unchanged
+	// without reading it. Absent in parks from before it was recorded.
+	Stamp *snapshot.FileStamp `json:"stamp,omitempty"`
 }
+
+// stampClear is how far past a file's ctime a stamp is taken, so that
+// any later change gets a later ctime: ctime has the kernel's coarse
+// clock, at most 10 ms a tick (HZ >= 100).
+const stampClear = 20 * time.Millisecond
 
 // diskComponent saves the disk section. The capture tells it what kind
 // of artifact it is writing (a base copies the disk, a park refers to
@@ -62,11 +72,35 @@ func (c *diskComponent) Save() (json.RawMessage, error) {
 	if c.kind != snapshot.KindPark {
 		return json.Marshal(diskSection{Layer: true})
 	}
-	size, chunks, err := fileChunks(context.Background(), c.s.diskPath)
+	sec, err := parkedDisk(context.Background(), c.s.diskPath)
 	if err != nil {
-		return nil, fmt.Errorf("checksumming the disk: %w", err)
+		return nil, err
 	}
-	return json.Marshal(diskSection{Live: c.s.diskPath, Size: size, Chunks: chunks})
+	return json.Marshal(sec)
+}
+
+// parkedDisk records a parked sandbox's disk: its size and checksums, and
+// its stamp if nothing changed it while they were taken (nothing should:
+// the guest is paused and the disk locked).
+func parkedDisk(ctx context.Context, path string) (diskSection, error) {
+	before, err := snapshot.StatStamp(path)
+	if err != nil {
+		return diskSection{}, fmt.Errorf("the disk: %w", err)
+	}
+	if wait := time.Until(time.Unix(0, before.CtimeNS).Add(stampClear)); wait > 0 {
+		// The guest wrote within a clock tick: a change right after
+		// the stamp could leave the same ctime behind.
+		time.Sleep(wait)
+	}
+	size, chunks, err := fileChunks(ctx, path)
+	if err != nil {
+		return diskSection{}, fmt.Errorf("checksumming the disk: %w", err)
+	}
+	sec := diskSection{Live: path, Size: size, Chunks: chunks}
+	if after, err := snapshot.StatStamp(path); err == nil && after == before && before.Size == size {
+		sec.Stamp = &before
+	}
+	return sec, nil
 }
 
 // Restore checks the section; the disk itself is attached before the
@@ -129,23 +163,31 @@ func fileChunks(ctx context.Context, path string) (int64, []uint32, error) {
 }
 
 // checkLiveDisk compares a parked sandbox's disk with what the park
-// recorded: its presence, size and checksums.
-func checkLiveDisk(ctx context.Context, sec diskSection) error {
+// recorded: its presence, size and checksums. With trustStamp, a disk
+// whose stamp is the one the park recorded is known unchanged without
+// being read (a wake: a multi-GiB disk took seconds to read);
+// validate_snapshot reads it all the same.
+func checkLiveDisk(ctx context.Context, sec diskSection, trustStamp bool) (stamped bool, err error) {
+	if trustStamp && sec.Stamp != nil {
+		if st, err := snapshot.StatStamp(sec.Live); err == nil && st == *sec.Stamp {
+			return true, nil
+		}
+	}
 	size, chunks, err := fileChunks(ctx, sec.Live)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
-		return fmt.Errorf("the parked sandbox's disk %s is missing", sec.Live)
+		return false, fmt.Errorf("the parked sandbox's disk %s is missing", sec.Live)
 	case err != nil:
-		return fmt.Errorf("the parked sandbox's disk: %w", err)
+		return false, fmt.Errorf("the parked sandbox's disk: %w", err)
 	case size != sec.Size:
-		return fmt.Errorf("the parked sandbox's disk %s is %d bytes, the park recorded %d: it changed since the park", sec.Live, size, sec.Size)
+		return false, fmt.Errorf("the parked sandbox's disk %s is %d bytes, the park recorded %d: it changed since the park", sec.Live, size, sec.Size)
 	}
 	for i := range chunks {
 		if chunks[i] != sec.Chunks[i] {
-			return fmt.Errorf("the parked sandbox's disk %s changed since the park (chunk %d, offset %d, differs); waking on it would hand the guest a disk its memory does not expect", sec.Live, i, int64(i)*snapshot.ChunkSize)
+			return false, fmt.Errorf("the parked sandbox's disk %s changed since the park (chunk %d, offset %d, differs); waking on it would hand the guest a disk its memory does not expect", sec.Live, i, int64(i)*snapshot.ChunkSize)
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // bootDisk prepares nether.conf's disk for a boot: created and
@@ -211,10 +253,13 @@ func (s *Session) restoreDisk(ctx context.Context, spec *engine.Spec, art *snaps
 	if err != nil {
 		return err
 	}
-	if err := checkLiveDisk(ctx, sec); err != nil {
+	start := time.Now()
+	stamped, err := checkLiveDisk(ctx, sec, true)
+	if err != nil {
 		lock.Close()
 		return err
 	}
+	s.log.Debug("the parked disk is unchanged", "path", sec.Live, "by_stamp", stamped, "took_ms", time.Since(start).Milliseconds())
 	format, err := disk.FormatOf(sec.Live)
 	if err != nil {
 		lock.Close()
@@ -259,5 +304,6 @@ func validateDisk(ctx context.Context, art *snapshot.Artifact) error {
 	if err != nil || !has || sec.Layer {
 		return err
 	}
-	return checkLiveDisk(ctx, sec)
+	_, err = checkLiveDisk(ctx, sec, false)
+	return err
 }

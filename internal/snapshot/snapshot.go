@@ -164,6 +164,21 @@ type Artifact struct {
 	metaSum [32]byte
 }
 
+// FileStamp is what identifies a file's contents without reading them:
+// its device, inode, size and times. Any change through the file system
+// moves the ctime, which no unprivileged process can set back, so an
+// equal stamp means the contents are the ones stamped, unless they were
+// changed within the kernel's coarse clock tick of the stamp's ctime
+// (whoever trusts a stamp takes it clear of that tick) or below the file
+// system.
+type FileStamp struct {
+	Dev     uint64 `json:"dev"`
+	Ino     uint64 `json:"ino"`
+	Size    int64  `json:"size"`
+	MtimeNS int64  `json:"mtime_ns"`
+	CtimeNS int64  `json:"ctime_ns"`
+}
+
 // Error classes, for errors.Is. The messages callers see are the specific
 // ones built around them; these never appear in the text themselves.
 var (

@@ -607,7 +607,7 @@ func (a *Artifact) verify(ctx context.Context, cache *VerifiedCache) (bool, erro
 			f.Close()
 		}
 	}()
-	stamps := make(map[string]fileStamp, len(a.Meta.Files))
+	stamps := make(map[string]FileStamp, len(a.Meta.Files))
 	for _, name := range sortedKeys(a.Meta.Files) {
 		f, err := openRegularAt(dirfd, name, unix.O_RDONLY)
 		if err != nil {

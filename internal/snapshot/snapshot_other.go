@@ -31,6 +31,9 @@ func Open(path string) (*Artifact, error) { return nil, pathErr(path, ErrUnsuppo
 
 func (a *Artifact) Verify(ctx context.Context) error { return pathErr(a.Dir, ErrUnsupported) }
 
+// StatStamp is not supported off Linux.
+func StatStamp(path string) (FileStamp, error) { return FileStamp{}, ErrUnsupported }
+
 // VerifiedCache is Linux's; off Linux there is nothing to verify.
 type VerifiedCache struct{ Dir string }
 

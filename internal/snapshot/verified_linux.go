@@ -44,20 +44,20 @@ type VerifiedCache struct {
 	Log *slog.Logger
 }
 
-// fileStamp is what identifies one file's contents without reading them.
-type fileStamp struct {
-	Dev     uint64 `json:"dev"`
-	Ino     uint64 `json:"ino"`
-	Size    int64  `json:"size"`
-	MtimeNS int64  `json:"mtime_ns"`
-	CtimeNS int64  `json:"ctime_ns"`
-}
-
-func stampOf(st *unix.Stat_t) fileStamp {
-	return fileStamp{
+func stampOf(st *unix.Stat_t) FileStamp {
+	return FileStamp{
 		Dev: st.Dev, Ino: st.Ino, Size: st.Size,
 		MtimeNS: st.Mtim.Nano(), CtimeNS: st.Ctim.Nano(),
 	}
+}
+
+// StatStamp is the stamp of the file at path now.
+func StatStamp(path string) (FileStamp, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return FileStamp{}, err
+	}
+	return stampOf(&st), nil
 }
 
 // maxStampRecord bounds a record read back: a handful of files.
@@ -114,7 +114,7 @@ func (c *VerifiedCache) usable() error {
 
 // remembers reports whether a record says the artifact with metaSum was
 // verified while its files were exactly stamps.
-func (c *VerifiedCache) remembers(metaSum [32]byte, stamps map[string]fileStamp) bool {
+func (c *VerifiedCache) remembers(metaSum [32]byte, stamps map[string]FileStamp) bool {
 	if c == nil || c.usable() != nil {
 		return false
 	}
@@ -127,7 +127,7 @@ func (c *VerifiedCache) remembers(metaSum [32]byte, stamps map[string]fileStamp)
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || st.Size > maxStampRecord {
 		return false
 	}
-	var have map[string]fileStamp
+	var have map[string]FileStamp
 	if err := json.NewDecoder(f).Decode(&have); err != nil {
 		return false
 	}
@@ -144,7 +144,7 @@ func (c *VerifiedCache) remembers(metaSum [32]byte, stamps map[string]fileStamp)
 
 // remember records a verification that began at start, unless a file
 // changed too close to it (see Settle).
-func (c *VerifiedCache) remember(metaSum [32]byte, stamps map[string]fileStamp, start time.Time) {
+func (c *VerifiedCache) remember(metaSum [32]byte, stamps map[string]FileStamp, start time.Time) {
 	if c == nil {
 		return
 	}
@@ -153,7 +153,7 @@ func (c *VerifiedCache) remember(metaSum [32]byte, stamps map[string]fileStamp, 
 	}
 }
 
-func (c *VerifiedCache) write(metaSum [32]byte, stamps map[string]fileStamp, start time.Time) error {
+func (c *VerifiedCache) write(metaSum [32]byte, stamps map[string]FileStamp, start time.Time) error {
 	settled := start.Add(-c.settle()).UnixNano()
 	for _, s := range stamps {
 		if s.CtimeNS > settled || s.MtimeNS > settled {

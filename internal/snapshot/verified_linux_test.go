@@ -170,7 +170,7 @@ func TestVerifiedCache(t *testing.T) {
 		// the cache trusts the record, a full verification does not.
 		flipByte(t, ram(art), dataOff)
 		time.Sleep(20 * time.Millisecond)
-		stamps := map[string]fileStamp{}
+		stamps := map[string]FileStamp{}
 		for name := range a.Meta.Files {
 			var st unix.Stat_t
 			if err := unix.Stat(filepath.Join(art, name), &st); err != nil {
