@@ -43,10 +43,10 @@ type diskSection struct {
 	Stamp *snapshot.FileStamp `json:"stamp,omitempty"`
 }
 
-// stampClear is how far past a file's ctime a stamp is taken, so that
-// any later change gets a later ctime: ctime has the kernel's coarse
-// clock, at most 10 ms a tick (HZ >= 100).
-const stampClear = 20 * time.Millisecond
+// maxStampWait is how long a park waits for its disk's stamp to be clear
+// of the last write (FileStamp.ClearAt); a disk on a file system of whole
+// seconds is not worth two of them, and its wake compares checksums.
+const maxStampWait = 50 * time.Millisecond
 
 // diskComponent saves the disk section. The capture tells it what kind
 // of artifact it is writing (a base copies the disk, a park refers to
@@ -87,7 +87,8 @@ func parkedDisk(ctx context.Context, path string) (diskSection, error) {
 	if err != nil {
 		return diskSection{}, fmt.Errorf("the disk: %w", err)
 	}
-	if wait := time.Until(time.Unix(0, before.CtimeNS).Add(stampClear)); wait > 0 {
+	wait := time.Until(before.ClearAt())
+	if wait > 0 && wait <= maxStampWait {
 		// The guest wrote within a clock tick: a change right after
 		// the stamp could leave the same ctime behind.
 		time.Sleep(wait)
@@ -97,7 +98,8 @@ func parkedDisk(ctx context.Context, path string) (diskSection, error) {
 		return diskSection{}, fmt.Errorf("checksumming the disk: %w", err)
 	}
 	sec := diskSection{Live: path, Size: size, Chunks: chunks}
-	if after, err := snapshot.StatStamp(path); err == nil && after == before && before.Size == size {
+	after, err := snapshot.StatStamp(path)
+	if err == nil && after == before && before.Size == size && !time.Now().Before(before.ClearAt()) {
 		sec.Stamp = &before
 	}
 	return sec, nil

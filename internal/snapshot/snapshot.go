@@ -179,6 +179,21 @@ type FileStamp struct {
 	CtimeNS int64  `json:"ctime_ns"`
 }
 
+// ClearAt is when a stamp taken of the file tells it apart from any later
+// change: past the tick its ctime was taken on. A file system that keeps
+// nanoseconds stamps a change with the kernel's coarse clock (a tick of
+// at most 10 ms); one that keeps whole seconds (an ext4 with small
+// inodes, some network file systems) rounds it to the second, and FAT
+// to two. A ctime of whole seconds is taken for the latter, which at
+// worst makes a caller wait or verify when it need not have.
+func (s FileStamp) ClearAt() time.Time {
+	last := max(s.CtimeNS, s.MtimeNS)
+	if last%int64(time.Second) == 0 {
+		return time.Unix(0, last).Add(2 * time.Second)
+	}
+	return time.Unix(0, last).Add(20 * time.Millisecond)
+}
+
 // Error classes, for errors.Is. The messages callers see are the specific
 // ones built around them; these never appear in the text themselves.
 var (

@@ -32,10 +32,9 @@ type VerifiedCache struct {
 	// Dir holds one record per artifact, named by its metadata digest.
 	// It must be the caller's own: a record there vouches for artifacts.
 	Dir string
-	// Settle is how long before a verification a file must have last
-	// changed for the result to be remembered: a ctime has the kernel's
-	// coarse clock tick, so a change within that tick of the verification
-	// could leave the same ctime behind. The default is two seconds.
+	// Settle, if set, is how long before a verification a file must
+	// have last changed for the result to be recorded, beyond what its
+	// stamp needs anyway (FileStamp.ClearAt). The tests use it.
 	Settle time.Duration
 	// Max is how many records are kept (the oldest go first); default 256.
 	Max int
@@ -75,13 +74,6 @@ func DefaultVerifiedCacheDir() (string, error) {
 		return "", err
 	}
 	return filepath.Join(d, "nether", "verified"), nil
-}
-
-func (c *VerifiedCache) settle() time.Duration {
-	if c.Settle == 0 {
-		return 2 * time.Second
-	}
-	return c.Settle
 }
 
 func (c *VerifiedCache) max() int {
@@ -143,7 +135,7 @@ func (c *VerifiedCache) remembers(metaSum [32]byte, stamps map[string]FileStamp)
 }
 
 // remember records a verification that began at start, unless a file
-// changed too close to it (see Settle).
+// changed too close to it (FileStamp.ClearAt, Settle).
 func (c *VerifiedCache) remember(metaSum [32]byte, stamps map[string]FileStamp, start time.Time) {
 	if c == nil {
 		return
@@ -154,9 +146,8 @@ func (c *VerifiedCache) remember(metaSum [32]byte, stamps map[string]FileStamp, 
 }
 
 func (c *VerifiedCache) write(metaSum [32]byte, stamps map[string]FileStamp, start time.Time) error {
-	settled := start.Add(-c.settle()).UnixNano()
 	for _, s := range stamps {
-		if s.CtimeNS > settled || s.MtimeNS > settled {
+		if start.Before(s.ClearAt()) || start.Before(time.Unix(0, max(s.CtimeNS, s.MtimeNS)).Add(c.Settle)) {
 			return nil // changed too recently to tell a later change apart
 		}
 	}

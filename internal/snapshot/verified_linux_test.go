@@ -13,10 +13,18 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// settled is a cache that remembers files changed any time before the
-// verification: the tests' artifacts are made a moment before.
 func settled(t *testing.T) *VerifiedCache {
-	return &VerifiedCache{Dir: filepath.Join(t.TempDir(), "verified"), Settle: time.Nanosecond}
+	return &VerifiedCache{Dir: filepath.Join(t.TempDir(), "verified")}
+}
+
+// cleared makes an artifact and waits until its files' stamps are clear
+// of the clock tick they were written on (FileStamp.ClearAt), as an
+// artifact a restore meets usually is.
+func cleared(t *testing.T, dir, name string) string {
+	t.Helper()
+	art := makeArtifact(t, dir, name, KindBase, RAMFile)
+	time.Sleep(30 * time.Millisecond)
+	return art
 }
 
 func verifyCached(t *testing.T, art string, c *VerifiedCache) (bool, error) {
@@ -34,7 +42,7 @@ func TestVerifiedCache(t *testing.T) {
 
 	t.Run("an unchanged artifact is not read again", func(t *testing.T) {
 		c := settled(t)
-		art := makeArtifact(t, t.TempDir(), "base", KindBase, RAMFile)
+		art := cleared(t, t.TempDir(), "base")
 		for i, want := range []bool{false, true, true} {
 			got, err := verifyCached(t, art, c)
 			if err != nil || got != want {
@@ -76,7 +84,7 @@ func TestVerifiedCache(t *testing.T) {
 	for _, d := range damage {
 		t.Run(d.name+" is found", func(t *testing.T) {
 			c := settled(t)
-			art := makeArtifact(t, t.TempDir(), "base", KindBase, RAMFile)
+			art := cleared(t, t.TempDir(), "base")
 			if _, err := verifyCached(t, art, c); err != nil {
 				t.Fatal(err)
 			}
@@ -92,7 +100,7 @@ func TestVerifiedCache(t *testing.T) {
 	t.Run("a file changed just before is not remembered", func(t *testing.T) {
 		c := settled(t)
 		c.Settle = time.Hour
-		art := makeArtifact(t, t.TempDir(), "base", KindBase, RAMFile)
+		art := cleared(t, t.TempDir(), "base")
 		for i := range 2 {
 			if got, err := verifyCached(t, art, c); err != nil || got {
 				t.Fatalf("verification %d: remembered=%v err=%v, want a full one", i+1, got, err)
@@ -105,7 +113,7 @@ func TestVerifiedCache(t *testing.T) {
 
 	t.Run("a directory others can write is not trusted", func(t *testing.T) {
 		c := settled(t)
-		art := makeArtifact(t, t.TempDir(), "base", KindBase, RAMFile)
+		art := cleared(t, t.TempDir(), "base")
 		if _, err := verifyCached(t, art, c); err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +127,7 @@ func TestVerifiedCache(t *testing.T) {
 
 	t.Run("a damaged record is ignored", func(t *testing.T) {
 		c := settled(t)
-		art := makeArtifact(t, t.TempDir(), "base", KindBase, RAMFile)
+		art := cleared(t, t.TempDir(), "base")
 		if _, err := verifyCached(t, art, c); err != nil {
 			t.Fatal(err)
 		}
@@ -141,7 +149,7 @@ func TestVerifiedCache(t *testing.T) {
 		c.Max = 2
 		dir := t.TempDir()
 		for _, name := range []string{"a", "b", "c"} {
-			if _, err := verifyCached(t, makeArtifact(t, dir, name, KindBase, RAMFile), c); err != nil {
+			if _, err := verifyCached(t, cleared(t, dir, name), c); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(20 * time.Millisecond)
@@ -160,7 +168,7 @@ func TestVerifiedCache(t *testing.T) {
 
 	t.Run("Verify always reads everything", func(t *testing.T) {
 		c := settled(t)
-		art := makeArtifact(t, t.TempDir(), "base", KindBase, RAMFile)
+		art := cleared(t, t.TempDir(), "base")
 		a, err := Open(art)
 		if err != nil {
 			t.Fatal(err)
@@ -188,4 +196,26 @@ func TestVerifiedCache(t *testing.T) {
 			t.Fatalf("Verify: %v, want the damage found", err)
 		}
 	})
+}
+
+// A stamp is clear of a change one clock tick after it on a file system
+// of nanoseconds, two seconds after it on one of whole seconds.
+func TestFileStampClearAt(t *testing.T) {
+	base := time.Date(2026, 12, 2, 1, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		name         string
+		ctime, mtime time.Time
+		want         time.Time
+	}{
+		{"nanoseconds", base.Add(123456789), base.Add(5), base.Add(123456789 + 20*time.Millisecond)},
+		{"whole seconds", base, base, base.Add(2 * time.Second)},
+		{"the later of ctime and mtime", base.Add(7), base.Add(3 * time.Second).Add(9), base.Add(3 * time.Second).Add(9 + 20*time.Millisecond)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := FileStamp{CtimeNS: c.ctime.UnixNano(), MtimeNS: c.mtime.UnixNano()}
+			if got := s.ClearAt(); !got.Equal(c.want) {
+				t.Fatalf("ClearAt = %s, want %s", got, c.want)
+			}
+		})
+	}
 }
