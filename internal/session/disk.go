@@ -99,7 +99,7 @@ func parkedDisk(ctx context.Context, path string) (diskSection, error) {
 	}
 	sec := diskSection{Live: path, Size: size, Chunks: chunks}
 	after, err := snapshot.StatStamp(path)
-	if err == nil && after == before && before.Size == size && !time.Now().Before(before.ClearAt()) {
+	if err == nil && after == before && !time.Now().Before(before.ClearAt()) {
 		sec.Stamp = &before
 	}
 	return sec, nil

@@ -164,7 +164,6 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		}
 		return fmt.Errorf("booting the guest: %w", err)
 	}
-
 	defer func() {
 		if err != nil {
 			m.Quit(ctx)

@@ -17,8 +17,9 @@ import (
 )
 
 // The persistent disk. QEMU opens it through -blockdev, in the format
-// the session found (a raw ext4 image, or a qcow2 layer nether made), with the host page cache and flushes passed through: a guest
-// fsync becomes a flush request, which QEMU turns into an fdatasync of the
+// the session found (a raw ext4 image, or a qcow2 layer nether made),
+// with the host page cache and flushes passed through: a guest fsync
+// becomes a flush request, which QEMU turns into an fdatasync of the
 // file before the guest's fsync returns. QEMU's own image locking stays
 // on as a second guard behind the session's lock.
 

@@ -119,7 +119,6 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	if spec.Display && spec.Incoming == nil {
 		warnPVHDisplay(e.log, spec.Kernel)
 	}
-
 	m := &Machine{
 		log:     e.log,
 		stderr:  &tailBuffer{max: 8 << 10},
