@@ -105,6 +105,9 @@ crashed (reason=guest_panic, guest_crash), 2 for a bad configuration.
 
 Environment: NETHER_GUEST_DIR overrides where the default guest image is
 looked up (default: ../build/guest next to the nether binary).
+NETHER_CACHE/verified (default ~/.cache/nether/verified) records the
+snapshots a restore verified in full, so a restore of one unchanged
+since is not read again; validate_snapshot always reads everything.
 `
 
 func main() {
