@@ -47,3 +47,37 @@ func FuzzDecoder(f *testing.F) {
 		}
 	})
 }
+
+// FuzzLaneBatch hands a host Mux's lane an arbitrary descriptor over
+// arbitrary lane bytes (what a hostile guest controls). It must never
+// panic, never read outside the guest's half, and yield frames only for
+// a batch whose header matches its descriptor, each within the limits.
+func FuzzLaneBatch(f *testing.F) {
+	frames := appendFrame(nil, &frame{typ: typeData, stream: 2, seq: 1, payload: []byte("payload")})
+	batch := append(laneHeader(int64(laneHeaderLen+len(frames)), 5), frames...)
+	desc := laneDescriptor(0, int64(len(batch)), 5).enc[headerLen:]
+	f.Add(desc, batch)
+	f.Add(desc, batch[:len(batch)-3])
+	f.Add(make([]byte, laneDescLen), []byte{})
+	f.Add(bytes.Repeat([]byte{0xff}, laneDescLen), bytes.Repeat([]byte{magic0, magic1}, 64))
+	f.Fuzz(func(t *testing.T, desc, mem []byte) {
+		if len(desc) != laneDescLen {
+			return
+		}
+		const size = 256 << 10
+		lane := newMemLane(size)
+		lane.WriteAt(mem[:min(len(mem), size/2)], size/2) // the guest's half
+		m := New(Host, quietLog())
+		defer m.Close()
+		m.SetLane(lane, size)
+		got, ok := m.lane.batch(desc, nil, nil)
+		if !ok && len(got) != 0 {
+			t.Fatalf("a refused batch yielded %d frames", len(got))
+		}
+		for _, fr := range got {
+			if len(fr.payload) > MaxPayload || sequenced(fr.typ) != (fr.seq != 0) {
+				t.Fatalf("invalid frame from a batch: %v", fr)
+			}
+		}
+	})
+}

@@ -53,9 +53,10 @@ type Mux struct {
 	streams  map[uint32]*Stream
 	acceptq  []*Stream
 
-	transport io.Writer // nil while there is no usable transport
-	gen       int       // bumped on each Attach; stale readers and writers stop
-	down      bool      // persistent transport failed a write; resend on next frame
+	transport io.Writer  // nil while there is no usable transport
+	lane      *laneState // nil without a bulk lane (SetLane)
+	gen       int        // bumped on each Attach; stale readers and writers stop
+	down      bool       // persistent transport failed a write; resend on next frame
 	frozen    bool
 	closed    bool
 	halted    bool  // closed by Halt: even buffered bytes are no longer delivered
@@ -126,8 +127,11 @@ func (m *Mux) Attach(rw io.ReadWriter, persistent bool) {
 	m.transport = rw
 	m.down = false
 	if m.role == Host {
-		resync := &pending{enc: appendFrame(nil, &frame{typ: typeResync}), refs: 1}
-		m.setOutqLocked(append([]*pending{resync}, m.resendLocked()...))
+		q := []*pending{{enc: appendFrame(nil, &frame{typ: typeResync}), refs: 1}}
+		if m.lane != nil {
+			q = append(q, laneAnnounce())
+		}
+		m.setOutqLocked(append(q, m.resendLocked()...))
 	}
 	m.cond.Broadcast()
 	m.mu.Unlock()
@@ -150,6 +154,7 @@ func (m *Mux) resendLocked() []*pending {
 
 func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
 	d := Decoder{alloc: m.payloads.get}
+	lane := m.lane // set before Attach, never changed
 	var frames []*frame
 	for {
 		n, err := d.readFrom(r)
@@ -157,14 +162,36 @@ func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
 			// Checksums are verified outside the lock: writers and
 			// readers of streams go on meanwhile.
 			frames = frames[:0]
+			var batches, batchBytes, refused uint64
 			for {
 				f, ferr := d.next()
 				if ferr != nil {
 					break
 				}
+				if f.typ == typeBulk && len(f.payload) == laneDescLen && lane != nil {
+					// The descriptor stands for the frames it names, in
+					// its place in the stream; its ack still counts.
+					frames = append(frames, &frame{typ: typeAck, ack: f.ack})
+					var ok bool
+					if frames, ok = lane.batch(f.payload, m.payloads.get, frames); ok {
+						batches++
+						batchBytes += uint64(binary.LittleEndian.Uint32(f.payload[4:]))
+					} else {
+						refused++
+					}
+					continue
+				}
 				frames = append(frames, f)
 			}
 			m.mu.Lock()
+			if lane != nil {
+				lane.batchesIn += batches
+				lane.bytesIn += batchBytes
+				lane.refused += refused
+				if refused != 0 {
+					m.warnLocked("channel: refused bulk lane descriptors (out of bounds, or naming bytes that are not their batch)", "refused_total", lane.refused)
+				}
+			}
 			if m.gen != gen || m.closed {
 				m.mu.Unlock()
 				return
@@ -226,6 +253,9 @@ func (m *Mux) handleLocked(f *frame) {
 		}
 		m.unacked = append(m.unacked[:0:0], m.unacked[i:]...)
 	}
+	if m.lane != nil {
+		m.lane.ackLocked(f.ack)
+	}
 	if m.down {
 		// The transport works again: whatever a failed write lost goes again.
 		m.down = false
@@ -235,7 +265,19 @@ func (m *Mux) handleLocked(f *frame) {
 	case f.typ == typeAck:
 		return
 	case f.typ == typeResync:
-		m.setOutqLocked(m.resendLocked())
+		q := m.resendLocked()
+		if m.lane != nil {
+			// A new transport may mean a new peer: it says again whether
+			// it reads our half (its announce follows its resync).
+			m.lane.peer = false
+			q = append([]*pending{laneAnnounce()}, q...)
+		}
+		m.setOutqLocked(q)
+		return
+	case f.typ == typeBulk:
+		if len(f.payload) == 0 && m.lane != nil && !m.lane.dead {
+			m.lane.peer = true
+		}
 		return
 	case f.seq <= m.recvSeq:
 		// A resent frame we already have: our ack covers it, and the
@@ -423,6 +465,7 @@ func (m *Mux) sendSealedLocked(typ byte, stream uint32, enc []byte) {
 
 func (m *Mux) writeLoop() {
 	var bufs net.Buffers
+	var runs []laneRun
 	for {
 		m.mu.Lock()
 		for !m.closed && (m.transport == nil || m.down || m.frozen || (len(m.outq) == 0 && !m.ackDueLocked())) {
@@ -441,11 +484,11 @@ func (m *Mux) writeLoop() {
 		// Buffers in the resend queue are rewritten only here, and this
 		// goroutine is the only writer, so writing them outside the lock is
 		// safe.
-		bufs = bufs[:0]
 		for _, p := range batch {
 			setAck(p.enc, m.recvSeq)
-			bufs = append(bufs, p.enc)
 		}
+		runs = m.planLaneLocked(batch, runs[:0])
+		ack := m.recvSeq
 		m.ackSent, m.ackNow = m.recvSeq, false
 		if m.ackArmed {
 			m.ackArmed = false
@@ -454,6 +497,7 @@ func (m *Mux) writeLoop() {
 		w, gen := m.transport, m.gen
 		m.mu.Unlock()
 
+		bufs = m.laneWrite(batch, runs, ack, bufs[:0])
 		wb := bufs // WriteTo consumes its receiver
 		_, err := wb.WriteTo(w)
 		clear(bufs)
