@@ -223,6 +223,20 @@ type Machine interface {
 	// *os.File (Read, Write, SyscallConn), never through its descriptor
 	// number, which a close frees for reuse.
 	NIC() *os.File
+
+	// Lane is the channel's bulk lane: memory the guest sees as a device
+	// and the host reads and writes at offsets (internal/channel's
+	// Lane), with its size; nil when the machine has none (a restore of
+	// an artifact captured before lanes). The machine owns it: once the
+	// engine process has exited, reads and writes fail.
+	Lane() (SharedMemory, int64)
+}
+
+// SharedMemory is memory the host shares with a guest, read and written
+// at offsets.
+type SharedMemory interface {
+	io.ReaderAt
+	io.WriterAt
 }
 
 // Usage is what the machine cost the host.

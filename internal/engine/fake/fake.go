@@ -287,6 +287,10 @@ func b2i(b bool) int {
 // NIC implements engine.Machine.
 func (m *Machine) NIC() *os.File { return m.hostNIC }
 
+// Lane implements engine.Machine: the fake has no bulk lane; its guest's
+// channel carries everything.
+func (m *Machine) Lane() (engine.SharedMemory, int64) { return nil, 0 }
+
 // GuestNIC is the guest's end of the NIC's frame channel (nil without a
 // NIC), for a test to play the guest: what it writes the host reads from
 // NIC, and the other way round. It closes when the machine ends.

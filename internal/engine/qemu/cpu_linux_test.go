@@ -45,9 +45,26 @@ func TestCPUModel(t *testing.T) {
 
 func TestCommandLineCPU(t *testing.T) {
 	socks := map[string]string{"qmp": "q", "console": "c", "channel": "ch"}
-	args := commandLine(engine.Spec{RAMMB: 64, CPUs: 1, Accel: engine.AccelTCG}, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", -1)
+	args := commandLine(engine.Spec{RAMMB: 64, CPUs: 1, Accel: engine.AccelTCG}, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", -1, "")
 	i := slices.Index(args, "-cpu")
 	if i < 0 || i+1 >= len(args) || args[i+1] != "max,-erms" {
 		t.Fatalf("-cpu in %v", args)
+	}
+}
+
+func TestCommandLineLane(t *testing.T) {
+	socks := map[string]string{"qmp": "q", "console": "c", "channel": "ch"}
+	spec := engine.Spec{RAMMB: 64, CPUs: 1, Accel: engine.AccelTCG}
+	for _, c := range []struct {
+		name, file string
+		want       bool
+	}{{"with a lane", "/proc/self/fd/4", true}, {"without (an older artifact)", "", false}} {
+		t.Run(c.name, func(t *testing.T) {
+			args := strings.Join(commandLine(spec, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", -1, c.file), " ")
+			has := strings.Contains(args, "-device "+laneDevice) && strings.Contains(args, "mem-path="+c.file+",share=off")
+			if has != c.want || strings.Contains(args, "ivshmem") != c.want {
+				t.Fatalf("lane device %v, want %v: %s", has, c.want, args)
+			}
+		})
 	}
 }

@@ -20,7 +20,7 @@ func TestCommandLineDisplay(t *testing.T) {
 	}{{"no display", false}, {"display", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := engine.Spec{CPUs: 1, RAMMB: 256, Accel: engine.AccelTCG, Kernel: "/k", Initrd: "/i", Display: tc.display}
-			args := commandLine(spec, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", -1)
+			args := commandLine(spec, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", -1, "")
 			var devices []string
 			for i, a := range args {
 				if a == "-device" {
@@ -105,7 +105,10 @@ func TestDecodeSectionVersions(t *testing.T) {
 		{"version 2 without a display", 2, `{"ram":"stream","vmgenid":"g","cmdline":"c"}`, ""},
 		{"version 1 claiming a display", 1, `{"ram":"file","vmgenid":"g","cmdline":"c","display":true}`, "cannot record a display"},
 		{"version 4 claiming a disk", 4, `{"ram":"file","vmgenid":"g","cmdline":"c","disk":true}`, "cannot record a persistent disk"},
-		{"version 6", 6, `{"ram":"file","vmgenid":"g","cmdline":"c"}`, "reads up to 5"},
+		{"version 5 claiming a lane", 5, `{"ram":"file","vmgenid":"g","cmdline":"c","lane":4194304}`, "cannot record a bulk lane"},
+		{"version 6 with a lane", 6, `{"ram":"file","vmgenid":"g","cmdline":"c","lane":4194304}`, ""},
+		{"a lane of a size this nether never makes", 6, `{"ram":"file","vmgenid":"g","cmdline":"c","lane":1099511627776}`, "a bulk lane of 1099511627776 bytes"},
+		{"version 7", 7, `{"ram":"file","vmgenid":"g","cmdline":"c"}`, "reads up to 6"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := decodeSection(engine.Section{Version: tc.version, Data: json.RawMessage(tc.data)})

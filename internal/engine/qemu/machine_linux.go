@@ -87,7 +87,12 @@ type Machine struct {
 	captures int
 	// nic is the host end of the NIC's frame channel (Spec.NIC), closed
 	// once QEMU has exited; nil without a NIC.
-	nic      *os.File
+	nic *os.File
+	// lane is the memfd behind the channel's bulk lane (lane_linux.go)
+	// and procLane its mapping in QEMU, both closed once QEMU has
+	// exited; nil for a restore of an artifact captured without one.
+	lane     *os.File
+	procLane *procLane
 	incoming *engine.Incoming
 	ramIn    ramMode // for an incoming machine: where its RAM comes from
 
@@ -137,9 +142,13 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		if err != nil && m.nic != nil {
 			m.nic.Close()
 		}
+		if err != nil && m.lane != nil {
+			m.lane.Close()
+		}
 	}()
 	var extra []*os.File
 	memPath, share := "", true
+	withLane := true
 	if in := spec.Incoming; in != nil {
 		sec, err := decodeSection(in.Section)
 		if err != nil {
@@ -149,6 +158,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 			return nil, fmt.Errorf("restoring %s: %w", in.Dir, err)
 		}
 		m.incoming, m.ramIn, m.cmdline = in, sec.RAM, sec.Cmdline
+		withLane = sec.Lane != 0
 		if m.cpu, err = cpuModel(spec.Accel, &sec); err != nil {
 			return nil, fmt.Errorf("restoring %s: %w", in.Dir, err)
 		}
@@ -194,6 +204,15 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		// QEMU opens the memfd through its own descriptor table.
 		memPath = fmt.Sprintf("/proc/self/fd/%d", 2+len(extra))
 	}
+	lanePath := ""
+	if withLane {
+		if m.lane, err = newLane(); err != nil {
+			return nil, err
+		}
+		extra = append(extra, m.lane)
+		lanePath = fmt.Sprintf("/proc/self/fd/%d", 2+len(extra))
+		m.procLane = &procLane{}
+	}
 	nicFD := -1
 	if spec.NIC {
 		// A restore gets a new channel too: the old one died with the
@@ -229,7 +248,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		listeners[name] = l
 		socks[name] = p
 	}
-	args := commandLine(spec, m.cmdline, m.cpu, socks, memPath, share, m.vmgenid, nicFD)
+	args := commandLine(spec, m.cmdline, m.cpu, socks, memPath, share, m.vmgenid, nicFD, lanePath)
 	m.log.Debug("starting QEMU", "args", strings.Join(args, " "))
 	m.cmd = exec.Command(bin, args...)
 	m.cmd.Stdout = m.stderr
@@ -259,6 +278,12 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 			// closed: either way the link is gone.
 			m.nic.Close()
 		}
+		if m.lane != nil {
+			m.lane.Close()
+		}
+		if m.procLane != nil {
+			m.procLane.close() // the channel falls back to its port
+		}
 		close(m.done)
 	}()
 
@@ -274,6 +299,13 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}
 	m.qmp, m.info.Version = q, version
+	if m.lane != nil {
+		// QEMU serves QMP once its machine is built, the lane mapped.
+		if err = m.procLane.open(m.cmd.Process.Pid); err != nil {
+			m.kill()
+			return nil, fmt.Errorf("starting QEMU: %w", err)
+		}
+	}
 	go func() {
 		<-q.done
 		close(m.qmpDone)
@@ -362,8 +394,9 @@ func (e *Engine) probe(ctx context.Context) (engine.Info, error) {
 }
 
 // commandLine is QEMU's argument list. nicFD is the descriptor QEMU
-// inherits for the NIC's frames when spec.NIC is set.
-func commandLine(spec engine.Spec, cmdline, cpu string, socks map[string]string, memFile string, shared bool, vmgenid string, nicFD int) []string {
+// inherits for the NIC's frames when spec.NIC is set; laneFile is the
+// channel's bulk lane, none when empty.
+func commandLine(spec engine.Spec, cmdline, cpu string, socks map[string]string, memFile string, shared bool, vmgenid string, nicFD int, laneFile string) []string {
 	ram := strconv.Itoa(spec.RAMMB) + "M"
 	share := "on"
 	if !shared {
@@ -400,6 +433,9 @@ func commandLine(spec engine.Spec, cmdline, cpu string, socks map[string]string,
 		"-initrd", spec.Initrd,
 		"-append", cmdline,
 		"-no-reboot",
+	}
+	if laneFile != "" {
+		args = append(args, "-object", laneBackend(laneFile), "-device", laneDevice)
 	}
 	if spec.Display {
 		// Keeps its VGA BIOS (no romfile=): the firmware sets up VGA text

@@ -31,7 +31,7 @@ func TestCommandLineNIC(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := engine.Spec{CPUs: 1, RAMMB: 256, Accel: engine.AccelTCG, Kernel: "/k", Initrd: "/i", NIC: tc.nic}
-			args := commandLine(spec, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", tc.fd)
+			args := commandLine(spec, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", tc.fd, "")
 			var netdevs, nics []string
 			for i, a := range args {
 				switch {

@@ -24,7 +24,7 @@ func TestCommandLineRootImage(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			spec := engine.Spec{CPUs: 1, RAMMB: 256, Accel: engine.AccelTCG, Kernel: "/k", Initrd: "/i", RootImage: tc.image}
-			args := commandLine(spec, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", -1)
+			args := commandLine(spec, "console=ttyS0", tcgCPU, socks, "/proc/self/fd/3", true, "g", -1, "")
 			var drives, blks []string
 			for i, a := range args {
 				switch {

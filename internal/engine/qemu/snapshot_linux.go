@@ -30,8 +30,8 @@ const (
 // display, 3 for one with a NIC, so an older nether refuses such an
 // artifact by its version instead of starting QEMU without the device and
 // failing obscurely in the migration; 4 for one with a root image; 5 for
-// one with a persistent disk.
-const sectionVersion = 5
+// one with a persistent disk; 6 for one with the channel's bulk lane.
+const sectionVersion = 6
 
 // displaySectionVersion is the first version that records a display.
 const displaySectionVersion = 2
@@ -44,6 +44,9 @@ const rootSectionVersion = 4
 
 // diskSectionVersion is the first version that records a persistent disk.
 const diskSectionVersion = 5
+
+// laneSectionVersion is the first version that records a bulk lane.
+const laneSectionVersion = 6
 
 // section is the QEMU engine's part of an artifact's metadata.
 type section struct {
@@ -69,6 +72,9 @@ type section struct {
 	// same. Absent in artifacts from before it was recorded (they ran on
 	// "max").
 	CPU string `json:"cpu,omitempty"`
+	// Lane is the size of the channel's bulk lane device, 0 for a
+	// machine without one (captured before it existed).
+	Lane int64 `json:"lane,omitempty"`
 }
 
 // encode returns sec as an engine section of the version it needs.
@@ -89,6 +95,9 @@ func (sec section) encode() (engine.Section, error) {
 	}
 	if sec.Disk {
 		v = diskSectionVersion
+	}
+	if sec.Lane != 0 {
+		v = laneSectionVersion
 	}
 	return engine.Section{Version: v, Data: data}, nil
 }
@@ -156,6 +165,13 @@ func decodeSection(s engine.Section) (section, error) {
 	}
 	if sec.Disk && s.Version < diskSectionVersion {
 		return sec, fmt.Errorf("qemu engine section version %d cannot record a persistent disk", s.Version)
+	}
+	if sec.Lane != 0 && s.Version < laneSectionVersion {
+		return sec, fmt.Errorf("qemu engine section version %d cannot record a bulk lane", s.Version)
+	}
+	if sec.Lane != 0 && sec.Lane != laneBytes {
+		// Never a size QEMU is handed unless this nether made it.
+		return sec, fmt.Errorf("qemu engine section: a bulk lane of %d bytes, this nether makes %d", sec.Lane, laneBytes)
 	}
 	return sec, nil
 }
@@ -245,6 +261,9 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 	}
 	out.DeviceState = time.Since(start)
 	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil, RootImage: m.root, Disk: m.disk, CPU: m.cpu}
+	if m.lane != nil {
+		sec.Lane = laneBytes
+	}
 	if ram != nil {
 		sec.RAM = ramFile
 		start = time.Now()
