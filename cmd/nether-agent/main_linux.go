@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strings"
@@ -77,6 +78,13 @@ func main() {
 		os.Exit(1)
 	}
 	mux := channel.New(channel.Guest, log)
+	if lane, err := openLane("/sys/bus/pci/devices"); err == nil {
+		if err := mux.SetLane(lane, int64(len(lane.mem))); err != nil {
+			log.Warn("agent: bulk lane unusable; the channel carries everything", "err", err)
+		}
+	} else if !errors.Is(err, errNoLane) {
+		log.Warn("agent: no bulk lane; the channel carries everything", "err", err)
+	}
 	mux.Attach(port, true)
 
 	a := newAgent(log, r, mux, func() { powerOff(log) })

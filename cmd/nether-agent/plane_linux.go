@@ -57,7 +57,10 @@ func splice(s *channel.Stream, c *net.TCPConn) {
 		// Tenant -> host. Stream writes wait for credit, which the host
 		// grants only as it delivers: a host-side consumer that stops
 		// reading stops this copy, and the tenant's socket fills.
-		buf := make([]byte, 32<<10)
+		// Reads as large as the tenant's socket holds, up to 256 KiB:
+		// the stream cuts them into frames, and with the channel's bulk
+		// lane a large write goes out as one batch.
+		buf := make([]byte, 256<<10)
 		for {
 			n, err := c.Read(buf)
 			if n > 0 {

@@ -3,6 +3,7 @@ package session
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/nethersandbox/nether/internal/control"
@@ -48,6 +49,7 @@ func (s *Session) Put(ctx context.Context, hostPath, guestPath string) (int64, e
 		return 0, err
 	}
 	s.meter.In(int(n))
+	s.logLane("put", n)
 	return n, nil
 }
 
@@ -68,7 +70,20 @@ func (s *Session) Get(ctx context.Context, guestPath, hostPath string) (int64, e
 		return 0, err
 	}
 	s.meter.Out(int(n))
+	s.logLane("get", n)
 	return n, nil
+}
+
+// logLane says, at debug level, how much of the channel's traffic so far
+// went through its bulk lane: how to tell a transfer used it.
+func (s *Session) logLane(op string, n int64) {
+	if !s.log.Enabled(context.Background(), slog.LevelDebug) || s.mux == nil {
+		return
+	}
+	l := s.mux.LaneStats()
+	s.log.Debug("transfer done", "op", op, "bytes", n, "lane_active", l.Active,
+		"lane_batches_out", l.BatchesOut, "lane_bytes_out", l.BytesOut,
+		"lane_batches_in", l.BatchesIn, "lane_bytes_in", l.BytesIn, "lane_refused", l.Refused)
 }
 
 // Shutdown implements control.Backend.

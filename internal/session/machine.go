@@ -223,6 +223,11 @@ func bootIdentity(cfg *conf.Config) snapshot.Identity {
 // the streams the guest opens. The agent client starts at epoch 0, a
 // booted guest's; a restore's handshake moves it to a fresh one.
 func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components) {
+	if lane, size := m.Lane(); lane != nil {
+		if err := mux.SetLane(lane, size); err != nil {
+			s.log.Warn("channel: no bulk lane; everything goes through the port", "err", err)
+		}
+	}
 	mux.Attach(m.Channel(), false)
 	s.machine, s.mux, s.comps = m, mux, comps
 	s.agent = agentclient.New(s.log, mux, 0)
