@@ -70,7 +70,7 @@ func FuzzLaneBatch(f *testing.F) {
 		m := New(Host, quietLog())
 		defer m.Close()
 		m.SetLane(lane, size)
-		got, ok := m.lane.batch(desc, nil, nil)
+		got, ok := m.lane.batch(desc, new([]byte), nil, nil)
 		if !ok && len(got) != 0 {
 			t.Fatalf("a refused batch yielded %d frames", len(got))
 		}

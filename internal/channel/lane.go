@@ -83,9 +83,8 @@ type laneState struct {
 	nextID   uint64 // our next batch number
 	// view is the peer's half in place, for a guest, whose peer is the
 	// host it trusts not to change a batch under it; nil for the host,
-	// which reads every batch into scratch first.
-	view    []byte
-	scratch []byte
+	// which reads every batch into its read loop's scratch first.
+	view []byte
 	// counters
 	batchesOut, bytesOut, batchesIn, bytesIn, refused uint64
 }
@@ -213,7 +212,9 @@ func laneHeader(n int64, id uint64) []byte {
 // batch returns the frames of the batch a descriptor names, appended to
 // into. It says false, and yields nothing, for a descriptor out of
 // bounds, a failed read, or bytes that are not the batch it names.
-func (l *laneState) batch(desc []byte, alloc func(int) []byte, into []*frame) ([]*frame, bool) {
+//
+// scratch is the caller's buffer for the copy (one per read loop).
+func (l *laneState) batch(desc []byte, scratch *[]byte, alloc func(int) []byte, into []*frame) ([]*frame, bool) {
 	off := int64(binary.LittleEndian.Uint32(desc[0:]))
 	n := int64(binary.LittleEndian.Uint32(desc[4:]))
 	if n < laneHeaderLen+headerLen || n > l.maxBatch || off+n > l.half {
@@ -225,10 +226,10 @@ func (l *laneState) batch(desc []byte, alloc func(int) []byte, into []*frame) ([
 	} else {
 		// One copy out of shared memory: the guest may change it under
 		// us, and every check below is on our copy.
-		if int64(cap(l.scratch)) < n {
-			l.scratch = make([]byte, l.maxBatch)
+		if int64(cap(*scratch)) < n {
+			*scratch = make([]byte, l.maxBatch)
 		}
-		b = l.scratch[:n]
+		b = (*scratch)[:n]
 		if _, err := l.mem.ReadAt(b, l.rxBase+off); err != nil {
 			return into, false
 		}

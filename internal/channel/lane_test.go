@@ -272,7 +272,7 @@ func TestLaneBatchRefusesBadDescriptors(t *testing.T) {
 				if (l.view != nil) != (role == Guest) {
 					t.Fatalf("role %v reads in place: %v", role, l.view != nil)
 				}
-				got, ok := l.batch(c.desc, nil, nil)
+				got, ok := l.batch(c.desc, new([]byte), nil, nil)
 				if ok != c.ok || len(got) != c.wantFrames {
 					t.Fatalf("batch: ok=%v frames=%d, want ok=%v frames=%d", ok, len(got), c.ok, c.wantFrames)
 				}

@@ -156,6 +156,7 @@ func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
 	d := Decoder{alloc: m.payloads.get}
 	lane := m.lane // set before Attach, never changed
 	var frames []*frame
+	var scratch []byte // a batch copied out of the lane
 	for {
 		n, err := d.readFrom(r)
 		if n > 0 {
@@ -173,7 +174,7 @@ func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
 					// its place in the stream; its ack still counts.
 					frames = append(frames, &frame{typ: typeAck, ack: f.ack})
 					var ok bool
-					if frames, ok = lane.batch(f.payload, m.payloads.get, frames); ok {
+					if frames, ok = lane.batch(f.payload, &scratch, m.payloads.get, frames); ok {
 						batches++
 						batchBytes += uint64(binary.LittleEndian.Uint32(f.payload[4:]))
 					} else {
