@@ -3,7 +3,6 @@ package channel
 import (
 	"bytes"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -147,85 +146,6 @@ func TestLaneUsedOnlyWhenThePeerReadsIt(t *testing.T) {
 				t.Fatalf("lane used without a peer reading it: host %+v guest %+v", hs, gs)
 			}
 		})
-	}
-}
-
-// A restore maps fresh memory behind the lane: descriptors the guest still
-// holds name zeroes, and everything unacknowledged must arrive anyway,
-// through the resend.
-func TestLaneAcrossTransportSwap(t *testing.T) {
-	lane := newMemLane(testLaneSize)
-	host := New(Host, quietLog())
-	guest := New(Guest, quietLog())
-	defer guest.Close()
-	host.SetLane(lane, testLaneSize)
-	guest.SetLane(lane, testLaneSize)
-	hc, gc := net.Pipe()
-	host.Attach(hc, false)
-	guest.Attach(gc, false)
-
-	s, _ := host.Open([]byte("cat"))
-	g := accept(t, guest)
-	go func() { io.Copy(g, g); g.CloseWrite(nil) }()
-	var sent, echoed bytes.Buffer
-	chunk := make([]byte, 300<<10)
-	for i := 0; i < 3; i++ {
-		rand.Read(chunk)
-		sent.Write(chunk)
-		s.Write(chunk)
-	}
-	buf := make([]byte, 200<<10)
-	n, _ := io.ReadFull(s, buf)
-	echoed.Write(buf[:n])
-	host.Freeze()
-	rand.Read(chunk)
-	sent.Write(chunk)
-	s.Write(chunk)
-	enc, err := host.State().Marshal()
-	if err != nil {
-		t.Fatal(err)
-	}
-	host.Close()
-	hc.Close()
-	gc.Close()
-	lane.wipe()
-
-	st, err := UnmarshalState(enc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	host2, err := Restore(st, quietLog())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer host2.Close()
-	host2.SetLane(lane, testLaneSize)
-	s2 := host2.Streams()[0]
-	hc2, gc2 := net.Pipe()
-	defer hc2.Close()
-	defer gc2.Close()
-	guest.Attach(gc2, false)
-	host2.Attach(hc2, false)
-	// What the restored host sends once the guest answered its resync
-	// goes through the lane again.
-	go func() {
-		for i := 0; i < 3; i++ {
-			rand.Read(chunk)
-			sent.Write(chunk)
-			s2.Write(chunk)
-		}
-		s2.CloseWrite(nil)
-	}()
-	rest, err := io.ReadAll(s2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	echoed.Write(rest)
-	if sha256.Sum256(echoed.Bytes()) != sha256.Sum256(sent.Bytes()) {
-		t.Fatalf("echo differs after the swap: sent %d bytes, got back %d", sent.Len(), echoed.Len())
-	}
-	if host2.LaneStats().BatchesOut == 0 {
-		t.Fatalf("the restored host did not use the lane: %+v", host2.LaneStats())
 	}
 }
 
