@@ -868,6 +868,72 @@ func TestWriteToHandsOverEveryByte(t *testing.T) {
 	}
 }
 
+// buffersSink records WriteBuffers calls; failAt makes the call that
+// would pass that many bytes in all write only up to it and fail.
+type buffersSink struct {
+	got    bytes.Buffer
+	calls  int
+	failAt int
+}
+
+func (b *buffersSink) Write(p []byte) (int, error) { panic("WriteTo must prefer WriteBuffers") }
+
+func (b *buffersSink) WriteBuffers(bufs [][]byte) (int64, error) {
+	b.calls++
+	var n int64
+	for _, p := range bufs {
+		if b.failAt > 0 && b.got.Len()+len(p) > b.failAt {
+			k := b.failAt - b.got.Len()
+			b.got.Write(p[:k])
+			return n + int64(k), errSink
+		}
+		b.got.Write(p)
+		n += int64(len(p))
+	}
+	return n, nil
+}
+
+// TestWriteToPrefersWriteBuffers: a writer that takes several buffers
+// gets every payload that has arrived in one call, and a failure part way
+// is reported with the bytes it took.
+func TestWriteToPrefersWriteBuffers(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	data := make([]byte, Window)
+	rand.Read(data)
+	s, _ := host.Open(nil)
+	s.Write(data) // a window's worth: no credit to wait for
+	s.CloseWrite(nil)
+	g := accept(t, guest)
+	// Everything has arrived before WriteTo starts.
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		guest.mu.Lock()
+		done := g.remoteClosed
+		guest.mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the stream never arrived whole")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	w := &buffersSink{}
+	if n, err := g.WriteTo(w); err != nil || n != int64(len(data)) || !bytes.Equal(w.got.Bytes(), data) {
+		t.Fatalf("WriteTo: %d bytes, %v; want %d intact", n, err, len(data))
+	}
+	if w.calls != 1 {
+		t.Fatalf("%d calls for %d bytes that had all arrived: want one", w.calls, len(data))
+	}
+
+	s2, _ := host.Open(nil)
+	go s2.Write(data[:Window])
+	g2 := accept(t, guest)
+	w2 := &buffersSink{failAt: 50000}
+	if n, err := g2.WriteTo(w2); !errors.Is(err, errSink) || n != 50000 || !bytes.Equal(w2.got.Bytes(), data[:50000]) {
+		t.Fatalf("WriteTo into a failing writer: %d, %v", n, err)
+	}
+}
+
 // TestSmallWriteSmallFrame: a small Write costs a frame of its own size,
 // not a full frame's buffer waiting in the resend queue.
 func TestSmallWriteSmallFrame(t *testing.T) {

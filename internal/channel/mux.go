@@ -365,10 +365,13 @@ const (
 	// pooledMin is the smallest payload whose buffer is pooled; smaller
 	// ones are allocated to size.
 	pooledMin = 4 << 10
-	// poolMax bounds the idle buffers a pool keeps (512 KiB): enough for
-	// the frames a window grant or an ack frees at once, not a window's
-	// worth held for ever after a transfer.
-	poolMax = 16
+	// poolMax bounds the idle buffers a pool keeps (1.5 MiB): enough for
+	// the payloads of a bulk lane batch (up to 1 MiB), which a writer
+	// taking several buffers (BuffersWriter) hands back at once, and for
+	// the frames a window grant or an ack frees; not a window's worth
+	// held for ever after a transfer. With 16 a 64 MiB put allocated (and
+	// the guest zeroed) half its payload buffers afresh.
+	poolMax = 48
 )
 
 func (p *payloadPool) get(n int) []byte {

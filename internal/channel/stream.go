@@ -99,6 +99,15 @@ func (s *Stream) consumedLocked(n int) {
 	m.reapLocked(s)
 }
 
+// BuffersWriter is a writer that takes several buffers in one call (a
+// file's writev), which WriteTo prefers: it hands over every payload that
+// has arrived at once, with no copy to gather them.
+type BuffersWriter interface {
+	// WriteBuffers writes the buffers in order and returns how many bytes
+	// it wrote; fewer than all of them only with an error.
+	WriteBuffers(bufs [][]byte) (int64, error)
+}
+
 // WriteTo implements io.WriterTo (so io.Copy uses it): it writes the
 // stream's bytes to w as they arrive, each frame's payload as it came,
 // with none of the copy a Read makes, until the peer's CloseWrite, when
@@ -122,18 +131,29 @@ func (s *Stream) WriteTo(w io.Writer) (int64, error) {
 			s.unread, s.unreadOff, s.unreadLen = nil, 0, 0
 			m.mu.Unlock()
 			var werr error
-			for i, p := range held {
-				if i == 0 {
-					p = p[off:]
-				}
-				k, err := w.Write(p)
-				total += int64(k)
-				if err == nil && k < len(p) {
+			if bw, ok := w.(BuffersWriter); ok {
+				bufs := append(make([][]byte, 0, len(held)), held...)
+				bufs[0] = bufs[0][off:]
+				k, err := bw.WriteBuffers(bufs)
+				total += k
+				if err == nil && k < int64(n) {
 					err = io.ErrShortWrite
 				}
-				if err != nil {
-					werr = err
-					break
+				werr = err
+			} else {
+				for i, p := range held {
+					if i == 0 {
+						p = p[off:]
+					}
+					k, err := w.Write(p)
+					total += int64(k)
+					if err == nil && k < len(p) {
+						err = io.ErrShortWrite
+					}
+					if err != nil {
+						werr = err
+						break
+					}
 				}
 			}
 			m.mu.Lock()
