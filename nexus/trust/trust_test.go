@@ -1,0 +1,192 @@
+package trust
+
+import (
+	"bytes"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+
+// keyring makes a state directory with a plan key "ops" that it trusts.
+func keyring(t *testing.T) (Keyring, ed25519.PrivateKey, []Authority) {
+	t.Helper()
+	k := Keyring{Dir: t.TempDir()}
+	pubPath, err := k.CreateKey("ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _ := os.ReadFile(pubPath)
+	if _, err := k.Trust(line); err != nil {
+		t.Fatal(err)
+	}
+	priv, err := k.Key("ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	trusted, err := k.Trusted()
+	if err != nil || len(trusted) != 1 || trusted[0].Name != "ops" {
+		t.Fatalf("Trusted = %+v, %v", trusted, err)
+	}
+	return k, priv, trusted
+}
+
+func TestSignAndVerify(t *testing.T) {
+	_, priv, trusted := keyring(t)
+	p := NewPlan(t0)
+	p.Network = Network{Net: true, Allow: []string{"10.0.0.0/8"}}
+	p.Secrets = []string{"API_KEY"}
+	signed, err := Sign(p, priv, "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := Verify(signed, trusted, t0.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.Digest != p.Digest() || len(v.Digest) != 64 || v.Authority.Name != "ops" || v.Plan.Secrets[0] != "API_KEY" {
+		t.Fatalf("Verify = %+v", v)
+	}
+	// Reformatting the file (whitespace) changes nothing.
+	var compact bytes.Buffer
+	json.Compact(&compact, signed)
+	if _, err := Verify(compact.Bytes(), trusted, t0.Add(time.Minute)); err != nil {
+		t.Fatalf("a compacted signed plan: %v", err)
+	}
+}
+
+func TestVerifyRefuses(t *testing.T) {
+	_, priv, trusted := keyring(t)
+	other := Keyring{Dir: t.TempDir()}
+	other.CreateKey("mallory")
+	mallory, _ := other.Key("mallory")
+	sign := func(edit func(p *Plan)) []byte {
+		p := NewPlan(t0)
+		if edit != nil {
+			edit(p)
+		}
+		b, err := Sign(p, priv, "ops")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	good := sign(nil)
+	byMallory, _ := Sign(NewPlan(t0), mallory, "ops")
+	cases := []struct {
+		name string
+		b    []byte
+		at   time.Time
+		want string
+	}{
+		{"a field changed after signing", editPlan(t, good, false), t0, "bad signature"},
+		{"a field added after signing", editPlan(t, good, true), t0, "unknown field"},
+		{"the signature damaged", bytes.Replace(good, []byte(`"signature": "`), []byte(`"signature": "AA`), 1), t0, "bad signature"},
+		{"an untrusted authority", byMallory, t0, "untrusted plan authority"},
+		{"expired", good, t0.Add(time.Hour), "expired"},
+		{"not yet valid", good, t0.Add(-time.Second), "not yet valid"},
+		{"not a signed plan", []byte(`{"plan": 1}`), t0, "reading the plan"},
+		{"garbage", []byte(`%`), t0, "not a signed plan"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := Verify(c.b, trusted, c.at)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Verify: %v, want an error containing %q", err, c.want)
+			}
+		})
+	}
+	if _, err := Verify(byMallory, trusted, t0); !errors.Is(err, ErrUntrusted) {
+		t.Fatalf("an untrusted authority: %v, want ErrUntrusted", err)
+	}
+}
+
+// editPlan changes the signed plan's RAM, or adds a field to it, leaving
+// the signature as it was.
+func editPlan(t *testing.T, signed []byte, addField bool) []byte {
+	t.Helper()
+	var s Signed
+	if err := json.Unmarshal(signed, &s); err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	json.Unmarshal(s.Plan, &m)
+	if addField {
+		m["extra"] = 1
+	} else {
+		m["limits"].(map[string]any)["ram_mb"] = 4096
+	}
+	s.Plan, _ = json.Marshal(m)
+	b, _ := json.Marshal(s)
+	return b
+}
+
+func TestPlanCheckNamesTheField(t *testing.T) {
+	cases := []struct {
+		edit func(p *Plan)
+		want string
+	}{
+		{func(p *Plan) { p.Version = 2 }, "version: 2"},
+		{func(p *Plan) { p.Nonce = "short" }, "nonce:"},
+		{func(p *Plan) { p.NotAfter = p.NotBefore }, "not_after:"},
+		{func(p *Plan) { p.Limits.RAMMB = -1 }, "limits.ram_mb: -1 is negative"},
+		{func(p *Plan) { p.Grants.ForkBudget.CPUs = -2 }, "grants.fork_budget.cpus"},
+		{func(p *Plan) { p.Network.Allow = []string{"10.0.0.0/33"} }, "network.allow:"},
+		{func(p *Plan) { p.Secrets = []string{"A", "A"} }, "listed twice"},
+		{func(p *Plan) { p.Secrets = []string{"1x"} }, "not a secret name"},
+		{func(p *Plan) { p.Image = &Image{Kernel: "abc"} }, "image.kernel"},
+		{func(p *Plan) { p.Parent = "x" }, "parent:"},
+	}
+	for _, c := range cases {
+		t.Run(c.want, func(t *testing.T) {
+			p := NewPlan(t0)
+			c.edit(p)
+			if err := p.Check(); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Check: %v, want %q", err, c.want)
+			}
+		})
+	}
+	if err := NewPlan(t0).Check(); err != nil {
+		t.Fatalf("the skeleton: %v", err)
+	}
+}
+
+func TestKeys(t *testing.T) {
+	k := Keyring{Dir: t.TempDir()}
+	if _, err := k.CreateKey("Bad Name"); err == nil {
+		t.Fatal("a bad key name was taken")
+	}
+	if _, err := k.CreateKey("ops"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.CreateKey("ops"); err == nil || !strings.Contains(err.Error(), "never replaced") {
+		t.Fatalf("a second key of the same name: %v", err)
+	}
+	if _, err := k.Key("nope"); err == nil || !strings.Contains(err.Error(), "nexus key create nope") {
+		t.Fatalf("a missing key: %v", err)
+	}
+	os.Chmod(filepath.Join(k.Dir, "keys", "ops.key"), 0o644)
+	if _, err := k.Key("ops"); err == nil || !strings.Contains(err.Error(), "readable by others") {
+		t.Fatalf("a key others can read: %v", err)
+	}
+	a1, err := k.AdmissionKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, _ := k.AdmissionKey()
+	if !a1.Equal(a2) {
+		t.Fatal("the admission key changed between uses")
+	}
+	if _, err := k.Trust([]byte("ssh-ed25519 AAAA")); err == nil {
+		t.Fatal("a foreign key line was trusted")
+	}
+	if got, _ := k.Trusted(); len(got) != 0 {
+		t.Fatalf("trusted %v with nothing added", got)
+	}
+}
