@@ -252,6 +252,11 @@ func (n *Nexus) birth(ctx context.Context, snap *Snapshot, cfg Config, parent st
 			if err == nil {
 				err = n.release(sb)
 			}
+			ev := evFork
+			if pool != "" {
+				ev = evRestore
+			}
+			n.audit(ev, sb, "", err)
 			mu.Lock()
 			if err != nil {
 				failed++

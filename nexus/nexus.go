@@ -60,6 +60,7 @@ type Nexus struct {
 	readyTimeout          time.Duration
 	leaseWait             time.Duration
 	self                  string
+	node                  string // this state directory's node id (audit.go)
 }
 
 // DefaultStateDir is --state-dir's default: NEXUS_STATE_DIR, else
@@ -137,6 +138,9 @@ func Open(ctx context.Context, opt Options) (*Nexus, error) {
 	}
 	n := &Nexus{dir: dir, nether: opt.Nether, guestDir: opt.GuestDir, log: opt.Log, db: db,
 		readyTimeout: opt.ReadyTimeout, leaseWait: opt.LeaseWait, self: opt.SelfForFill}
+	if err := n.loadNodeID(); err != nil {
+		return nil, err
+	}
 	if err := n.Reconcile(ctx); err != nil {
 		return nil, err
 	}

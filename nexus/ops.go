@@ -72,6 +72,7 @@ func (n *Nexus) Create(ctx context.Context, req CreateRequest) (*Sandbox, error)
 		os.RemoveAll(n.sandboxDir(sb.ID))
 		return nil, err
 	}
+	n.audit(evCreate, sb, "", nil)
 	return sb, nil
 }
 
@@ -326,6 +327,7 @@ func (n *Nexus) Start(ctx context.Context, ref string) (*Sandbox, error) {
 	if err != nil {
 		n.abandon(sb)
 	}
+	n.audit(evBoot, sb, "", err)
 	return sb, n.finish(sb, lifecycle.Running, err)
 }
 
@@ -385,7 +387,9 @@ func (n *Nexus) Stop(ctx context.Context, ref string) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return sb, n.finish(sb, lifecycle.Stopped, n.stop(ctx, sb))
+	err = n.stop(ctx, sb)
+	n.audit(evStop, sb, "", err)
+	return sb, n.finish(sb, lifecycle.Stopped, err)
 }
 
 func (n *Nexus) stop(ctx context.Context, sb *Sandbox) error {
@@ -415,6 +419,7 @@ func (n *Nexus) Pause(ctx context.Context, ref string) (*Sandbox, error) {
 	if err == nil {
 		err = n.waitExit(ctx, sb, time.Minute)
 	}
+	n.audit(evPark, sb, "", err)
 	if err != nil {
 		return sb, n.finish(sb, "", err)
 	}
@@ -434,6 +439,7 @@ func (n *Nexus) Resume(ctx context.Context, ref string) (*Sandbox, error) {
 		return sb, fmt.Errorf("sandbox %s: its park %s is gone; it is now in error", sb.Ref(), sb.Park)
 	}
 	err = n.launch(ctx, sb, sb.Park)
+	n.audit(evWake, sb, "", err)
 	if err != nil {
 		n.abandon(sb)
 		if !exists(sb.Park) {
@@ -468,6 +474,7 @@ func (n *Nexus) Remove(ctx context.Context, ref string, force bool) error {
 		}
 		return tx.DeleteSandbox(sb)
 	})
+	n.audit(evRemove, sb, "", err)
 	if err != nil {
 		n.release(sb)
 		return err

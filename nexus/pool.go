@@ -165,6 +165,7 @@ func (n *Nexus) claimFromPool(ctx context.Context, snap *Snapshot, names []strin
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		_, err = n.control(cctx, sb, "__claim__ "+sb.ID+" "+sb.Hostname)
 		cancel()
+		n.audit(evClaim, sb, "", err)
 		if err != nil {
 			// A member that cannot be claimed is no member: remove it,
 			// and try the next (or fork cold).

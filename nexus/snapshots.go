@@ -104,6 +104,16 @@ func (n *Nexus) SnapshotCreate(ctx context.Context, ref, name string) (*Snapshot
 // so that a nexus that dies halfway leaves something its successor
 // removes (Reconcile), never an artifact nobody knows.
 func (n *Nexus) capture(ctx context.Context, sb *Sandbox, name string) (*Snapshot, error) {
+	snap, err := n.captureInto(ctx, sb, name)
+	id := ""
+	if snap != nil {
+		id = snap.ID
+	}
+	n.audit(evSnapshot, sb, id, err)
+	return snap, err
+}
+
+func (n *Nexus) captureInto(ctx context.Context, sb *Sandbox, name string) (*Snapshot, error) {
 	id := newID()
 	snap := &Snapshot{ID: id, Name: name, Source: sb.ID, Config: sb.Config, Dir: filepath.Join(n.dir, snapshotsDir, id), Created: time.Now().UTC(),
 		Lease: &store.Lease{Op: "snapshot", Holder: os.Getpid(), Expires: time.Now().Add(leaseTTL)}}
@@ -197,12 +207,13 @@ func (n *Nexus) SnapshotInspect(ctx context.Context, ref string) (*Snapshot, err
 // do (their memory is mapped from it), it is refused, naming them, and
 // so is one with a warm pool.
 func (n *Nexus) SnapshotRemove(ctx context.Context, ref string) error {
-	var dir string
+	var dir, id string
 	err := n.db.Update(func(tx *store.Tx) error {
 		s, err := tx.FindSnapshot(ref)
 		if err != nil {
 			return err
 		}
+		id = s.ID
 		if s.Lease.Live(time.Now()) {
 			return fmt.Errorf("%w: snapshot %s is being written", ErrBusy, s.Ref())
 		}
@@ -228,6 +239,9 @@ func (n *Nexus) SnapshotRemove(ctx context.Context, ref string) error {
 		dir = s.Dir
 		return tx.DeleteSnapshot(s)
 	})
+	if id != "" {
+		n.audit(evSnapshotRemove, nil, id, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -278,6 +278,31 @@ func TestNexusFork(t *testing.T) {
 	if sb := x.inspect(kid); sb.Parent != base.ID || sb.Snapshot == "" {
 		t.Errorf("a fork of a running sandbox: %+v", sb)
 	}
+	// The audit chain holds all of it, in order, linked.
+	if out := x.must("audit", "verify"); !strings.HasPrefix(out, "audit chain intact: ") {
+		t.Errorf("nexus audit verify: %q", out)
+	}
+	var recs []struct {
+		Event, Outcome, Sandbox, Parent, Snapshot, Node string
+	}
+	if err := json.Unmarshal([]byte(x.must("audit", "ls", "--json")), &recs); err != nil {
+		t.Fatal(err)
+	}
+	var events []string
+	for i, r := range recs {
+		events = append(events, r.Event)
+		refused := i == 7 // the snapshot rm while the children ran
+		if r.Node == "" || refused != (r.Outcome != "ok") || refused && !strings.Contains(r.Outcome, "in use by 4") {
+			t.Errorf("audit record %d: %+v", i, r)
+		}
+		if r.Event == "fork" && (r.Parent != base.ID || r.Snapshot == "") {
+			t.Errorf("a fork's audit record lacks its causes: %+v", r)
+		}
+	}
+	want := "create boot snapshot fork fork fork fork snapshot-rm rm rm rm rm snapshot-rm snapshot fork"
+	if got := strings.Join(events, " "); got != want {
+		t.Errorf("audit events:\n got %s\nwant %s", got, want)
+	}
 }
 
 // TestNexusCorruptSnapshot: a snapshot whose files changed after commit
