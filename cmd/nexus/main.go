@@ -5,9 +5,11 @@ package main
 
 import (
 	"context"
+	"crypto/ed25519"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/nethersandbox/nether/nexus/trust"
 	"io"
 	"log/slog"
 	"os"
@@ -132,7 +134,7 @@ it; 4 no such sandbox or snapshot; 5 another operation holds the sandbox;
 		a.verbCmd("pause", "Park a running sandbox: its memory goes to disk and it costs no memory", (*nexus.Nexus).Pause),
 		a.verbCmd("resume", "Wake a paused sandbox", (*nexus.Nexus).Resume),
 		a.rmCmd(), a.lsCmd(), a.inspectCmd(), a.execCmd(), a.cpCmd(), a.logsCmd(),
-		a.snapshotCmd(), a.forkCmd(), a.poolCmd(), a.treeCmd(), a.serveCmd())
+		a.snapshotCmd(), a.forkCmd(), a.poolCmd(), a.treeCmd(), a.auditCmd(), a.keyCmd(), a.planCmd(), a.trustCmd(), a.serveCmd())
 	return root
 }
 
@@ -446,6 +448,189 @@ func (a *app) snapshotCmd() *cobra.Command {
 			return a.n.SnapshotRemove(cmd.Context(), args[0])
 		},
 	})
+	return cmd
+}
+
+func (a *app) keyCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "key", Short: "Plan keys: the ed25519 key pairs that sign plans"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "create NAME",
+		Short: "Make a plan key pair in the state directory (keys/NAME.key, 0600) and print its public key's path",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			path, err := a.n.CreateKey(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			fmt.Println(path)
+			return nil
+		},
+	})
+	return cmd
+}
+
+func (a *app) planCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "plan", Short: "Plans: what a sandbox may be and do, signed by a plan authority"}
+	var key, out string
+	sign := &cobra.Command{
+		Use:   "sign --key NAME FILE",
+		Short: "Sign a plan with a key made by nexus key create; prints the signed plan (or writes it to -o)",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if key == "" {
+				return usageError{errors.New("plan sign needs --key NAME (nexus key create NAME makes one)")}
+			}
+			b, err := os.ReadFile(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			p, err := trust.DecodePlan(b)
+			if err != nil {
+				return usageError{fmt.Errorf("%s: %w", args[0], err)}
+			}
+			priv, err := a.n.Keyring().Key(key)
+			if err != nil {
+				return err
+			}
+			signed, err := trust.Sign(p, priv, key)
+			if err != nil {
+				return usageError{fmt.Errorf("%s: %w", args[0], err)}
+			}
+			signed = append(signed, '\n')
+			if out == "" {
+				_, err = os.Stdout.Write(signed)
+				return err
+			}
+			return os.WriteFile(out, signed, 0o644)
+		},
+	}
+	sign.Flags().StringVar(&key, "key", "", "the plan key's name")
+	sign.Flags().StringVarP(&out, "output", "o", "", "write the signed plan here instead of stdout")
+	cmd.AddCommand(&cobra.Command{
+		Use:   "new",
+		Short: "Print a valid plan to edit: a fresh nonce, valid for an hour from now, 1 CPU, 512 MiB, no network, no grants",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			b, err := json.MarshalIndent(trust.NewPlan(time.Now()), "", "  ")
+			if err != nil {
+				return err
+			}
+			fmt.Println(string(b))
+			return nil
+		},
+	}, sign, &cobra.Command{
+		Use:   "verify FILE",
+		Short: "Check a signed plan as admission will (signature, trusted authority, fields, validity now) and print its digest",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := os.ReadFile(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			trusted, err := a.n.Keyring().Trusted()
+			if err != nil {
+				return err
+			}
+			v, err := trust.Verify(b, trusted, time.Now())
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			return a.print(map[string]string{"digest": v.Digest, "authority": v.Authority.Fingerprint, "authority_name": v.Authority.Name},
+				func(w io.Writer) {
+					fmt.Fprintf(w, "plan %s signed by %s (%s), valid until %s\n", v.Digest, v.Authority.Fingerprint, v.Authority.Name,
+						v.Plan.NotAfter.Local().Format(time.RFC3339))
+				})
+		},
+	})
+	return cmd
+}
+
+func (a *app) trustCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "trust", Short: "The plan authorities this state directory trusts, and nexus's own admission key"}
+	cmd.AddCommand(&cobra.Command{
+		Use:   "add PUBKEY-FILE",
+		Short: "Trust a plan authority: a public key as nexus key create wrote it (keys/NAME.pub)",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := os.ReadFile(args[0])
+			if err != nil {
+				return usageError{err}
+			}
+			au, err := a.n.Trust(b)
+			if err != nil {
+				return usageError{fmt.Errorf("%s: %w", args[0], err)}
+			}
+			return a.print(au, func(w io.Writer) { fmt.Fprintf(w, "trusted %s (%s)\n", au.Fingerprint, au.Name) })
+		},
+	}, &cobra.Command{
+		Use:   "ls",
+		Short: "List the trusted plan authorities",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			as, err := a.n.Keyring().Trusted()
+			if err != nil {
+				return err
+			}
+			return a.print(as, func(w io.Writer) {
+				fmt.Fprintln(w, "FINGERPRINT\tNAME")
+				for _, au := range as {
+					fmt.Fprintf(w, "%s\t%s\n", au.Fingerprint, dash(au.Name))
+				}
+			})
+		},
+	}, &cobra.Command{
+		Use:   "pubkey",
+		Short: "Print nexus's admission key (made on first use): what services verify identity tokens with",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			priv, err := a.n.Keyring().AdmissionKey()
+			if err != nil {
+				return err
+			}
+			fmt.Print(trust.FormatPublic(priv.Public().(ed25519.PublicKey), "nexus-admission-"+a.n.NodeID()))
+			return nil
+		},
+	})
+	return cmd
+}
+
+func (a *app) auditCmd() *cobra.Command {
+	cmd := &cobra.Command{Use: "audit", Short: "The audit chain: what nexus did and refused, each record linked to the one before"}
+	var sandbox string
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List the audit records, oldest first",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			recs, err := a.n.AuditList(cmd.Context(), sandbox)
+			if err != nil {
+				return err
+			}
+			return a.print(recs, func(w io.Writer) {
+				fmt.Fprintln(w, "SEQ\tTIME\tEVENT\tSANDBOX\tPARENT\tSNAPSHOT\tOUTCOME")
+				for _, r := range recs {
+					fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Seq, r.Time.Local().Format("2006-01-02 15:04:05.000"), r.Event,
+						dash(short(r.Sandbox)), dash(short(r.Parent)), dash(short(r.Snapshot)), r.Outcome)
+				}
+			})
+		},
+	}
+	ls.Flags().StringVar(&sandbox, "sandbox", "", "only the records of this sandbox (name or id; a removed one by id), as itself or as a parent")
+	verify := &cobra.Command{
+		Use:   "verify",
+		Short: "Check the whole chain: exit 0 and print its head, or exit 1 naming the first record that was altered or removed",
+		Args:  args(0),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			head, err := a.n.AuditVerify(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.print(head, func(w io.Writer) {
+				fmt.Fprintf(w, "audit chain intact: %d records, head %s\n", head.Records, head.Hash)
+			})
+		},
+	}
+	cmd.AddCommand(ls, verify)
 	return cmd
 }
 
