@@ -90,19 +90,27 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	if req.RunAs != "" {
 		cfg.RunAs = req.RunAs
 	}
+	// One plan admits the whole fork; its children share its digest.
+	tmpl := &Sandbox{Name: "the children of snapshot " + snap.Ref(), Config: cfg, Parent: parent, Snapshot: snap.ID}
+	plan, err := n.admit("fork", tmpl, func() (imageOf, error) { return restoreImage(snap.Dir) })
+	if err != nil {
+		return nil, err
+	}
+	cfg = tmpl.Config
 	// Warm children first, then cold ones for the rest. A pool member
-	// runs with the snapshot's run_as, which a claim cannot narrow.
+	// runs with the snapshot's settings, which a claim cannot change: a
+	// fork whose run_as or plan changes them restores cold.
 	var kids []*Sandbox
 	var claimed []*Sandbox
-	if !req.NoPool && cfg.RunAs == snap.Config.RunAs {
-		if claimed, err = n.claimFromPool(ctx, snap, names); err != nil {
+	if !req.NoPool && cfg == snap.Config {
+		if claimed, err = n.claimFromPool(ctx, snap, names, plan); err != nil {
 			return nil, err
 		}
 	}
 	kids = append(kids, claimed...)
 	names = names[len(claimed):]
 	if len(names) > 0 {
-		cold, err := n.birth(ctx, snap, cfg, parent, names, "", req.Progress)
+		cold, err := n.birth(ctx, snap, cfg, parent, names, "", plan, req.Progress)
 		kids = append(kids, cold...)
 		if err != nil {
 			return kids, err
@@ -198,12 +206,13 @@ func (n *Nexus) forkSource(ctx context.Context, ref, runAs string) (*Snapshot, s
 // makes them members of snap's warm pool.
 // cfg is the children's settings: the snapshot's, with a fork's own
 // narrowing of run_as.
-func (n *Nexus) birth(ctx context.Context, snap *Snapshot, cfg Config, parent string, names []string, pool string, progress func(done, failed, total int)) ([]*Sandbox, error) {
+// plan is the digest of the plan that admitted them ("" unadmitted).
+func (n *Nexus) birth(ctx context.Context, snap *Snapshot, cfg Config, parent string, names []string, pool, plan string, progress func(done, failed, total int)) ([]*Sandbox, error) {
 	now := time.Now().UTC()
 	kids := make([]*Sandbox, len(names))
 	for i, nm := range names {
 		sb := &Sandbox{ID: newID(), Name: nm, State: lifecycle.Running, Config: cfg, Parent: parent, Snapshot: snap.ID,
-			Pool: pool, Created: now, Lease: &store.Lease{Op: opBirth, Holder: os.Getpid(), Expires: now.Add(leaseTTL)}}
+			Pool: pool, Plan: plan, Created: now, Lease: &store.Lease{Op: opBirth, Holder: os.Getpid(), Expires: now.Add(leaseTTL)}}
 		sb.Hostname = hostnameFor(sb)
 		if cfg.HasDisk() {
 			// nether makes the child's layer over the snapshot's disk in

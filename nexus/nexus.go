@@ -60,7 +60,9 @@ type Nexus struct {
 	readyTimeout          time.Duration
 	leaseWait             time.Duration
 	self                  string
-	node                  string // this state directory's node id (audit.go)
+	node                  string       // this state directory's node id (audit.go)
+	plan                  []byte       // the signed plan the next operations are admitted under (admit.go)
+	admitted              *admittedRun // what that plan admitted already
 }
 
 // DefaultStateDir is --state-dir's default: NEXUS_STATE_DIR, else

@@ -146,13 +146,13 @@ func (n *Nexus) fillPool(ctx context.Context, snapID string) error {
 		return nil
 	}
 	names := make([]string, want-have)
-	_, err = n.birth(ctx, snap, snap.Config, snap.Source, names, snap.ID, nil)
+	_, err = n.birth(ctx, snap, snap.Config, snap.Source, names, snap.ID, "", nil)
 	return err
 }
 
 // claimFromPool claims up to len(names) ready members of snap's pool,
 // giving each the identity of the child asked for.
-func (n *Nexus) claimFromPool(ctx context.Context, snap *Snapshot, names []string) ([]*Sandbox, error) {
+func (n *Nexus) claimFromPool(ctx context.Context, snap *Snapshot, names []string, plan string) ([]*Sandbox, error) {
 	var out []*Sandbox
 	for _, name := range names {
 		sb, err := n.takeMember(snap.ID)
@@ -160,7 +160,7 @@ func (n *Nexus) claimFromPool(ctx context.Context, snap *Snapshot, names []strin
 			return out, err
 		}
 		t0 := time.Now()
-		sb.Name, sb.Pool = name, ""
+		sb.Name, sb.Pool, sb.Plan = name, "", plan
 		sb.Hostname = hostnameFor(sb)
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		_, err = n.control(cctx, sb, "__claim__ "+sb.ID+" "+sb.Hostname)

@@ -35,12 +35,14 @@ const (
 	exitMissing = 4 // no such sandbox or snapshot
 	exitBusy    = 5 // another operation holds the sandbox
 	exitTaken   = 6 // the name is taken
+	exitRefused = 7 // admission refused it (no plan, or a plan that does not allow it)
 )
 
 type app struct {
 	stateDir string
 	asJSON   bool
 	verbose  bool
+	planFile string
 	n        *nexus.Nexus
 	// exit is the code a command wants (exec: the guest command's).
 	exit int
@@ -78,6 +80,8 @@ func exitCode(err error) int {
 		return exitBusy
 	case nexus.KindNameTaken:
 		return exitTaken
+	case nexus.KindRefused:
+		return exitRefused
 	}
 	return exitError
 }
@@ -96,6 +100,13 @@ func (a *app) open(cmd *cobra.Command) error {
 		return err
 	}
 	a.n = n
+	if a.planFile != "" {
+		b, err := os.ReadFile(a.planFile)
+		if err != nil {
+			return usageError{fmt.Errorf("--plan: %w", err)}
+		}
+		a.n = n.WithPlan(b)
+	}
 	return nil
 }
 
@@ -115,7 +126,8 @@ else nether next to nexus, else nether on PATH.
 Exit status: 0 done; 1 failed; 2 bad usage (a flag, a name or a setting
 refused before anything ran); 3 the lifecycle does not allow
 it; 4 no such sandbox or snapshot; 5 another operation holds the sandbox;
-6 the name is taken. nexus exec exits with the guest command's status.`,
+6 the name is taken; 7 admission refused it (see nexus trust). nexus exec
+exits with the guest command's status.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
@@ -128,6 +140,7 @@ it; 4 no such sandbox or snapshot; 5 another operation holds the sandbox;
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.PersistentFlags().StringVar(&a.stateDir, "state-dir", "", "state directory (default: NEXUS_STATE_DIR, /var/lib/nexus as root, else $XDG_DATA_HOME/nexus)")
 	root.PersistentFlags().BoolVar(&a.asJSON, "json", false, "print JSON for programs instead of tables")
+	root.PersistentFlags().StringVar(&a.planFile, "plan", "", "the signed plan (nexus plan sign) that admits this create, start, fork or resume; required once the state directory trusts a plan authority")
 	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log what nexus does on stderr")
 	root.AddCommand(a.createCmd(), a.verbCmd("start", "Boot a created or stopped sandbox", (*nexus.Nexus).Start),
 		a.verbCmd("stop", "Shut a running sandbox's guest down cleanly", (*nexus.Nexus).Stop),
@@ -289,14 +302,14 @@ func (a *app) lsCmd() *cobra.Command {
 				return err
 			}
 			return a.print(sbs, func(w io.Writer) {
-				fmt.Fprintln(w, "ID\tNAME\tSTATE\tPARENT\tSNAPSHOT\tCREATED\tNOTE")
+				fmt.Fprintln(w, "ID\tNAME\tSTATE\tPARENT\tSNAPSHOT\tPLAN\tCREATED\tNOTE")
 				for _, sb := range sbs {
 					note := sb.Reason
 					if sb.Pool != "" {
 						note = "pool of " + short(sb.Pool)
 					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short(sb.ID), dash(sb.Name), sb.State, dash(short(sb.Parent)),
-						dash(short(sb.Snapshot)), sb.Created.Local().Format("2006-01-02 15:04:05"), note)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short(sb.ID), dash(sb.Name), sb.State, dash(short(sb.Parent)),
+						dash(short(sb.Snapshot)), admission(sb), sb.Created.Local().Format("2006-01-02 15:04:05"), note)
 				}
 			})
 		},
@@ -321,9 +334,21 @@ func (a *app) inspectCmd() *cobra.Command {
 				return err
 			}
 			a.asJSON = true
-			return a.print(sb, nil)
+			return a.print(struct {
+				*nexus.Sandbox
+				Admission string `json:"admission"`
+			}{sb, admission(sb)}, nil)
 		},
 	}
+}
+
+// admission is how a sandbox was admitted: the digest of its plan (12
+// digits), or "unadmitted".
+func admission(sb *nexus.Sandbox) string {
+	if sb.Plan == "" {
+		return "unadmitted"
+	}
+	return sb.Plan[:min(12, len(sb.Plan))]
 }
 
 func (a *app) execCmd() *cobra.Command {

@@ -49,7 +49,7 @@ func statusOf(kind string) int {
 		return http.StatusNotFound
 	case nexus.KindBadInput:
 		return http.StatusBadRequest
-	case kindForbidden:
+	case kindForbidden, nexus.KindRefused:
 		return http.StatusForbidden
 	case kindMethod:
 		return http.StatusMethodNotAllowed

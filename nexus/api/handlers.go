@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +20,18 @@ type createBody struct {
 	Name string `json:"name"`
 	nexus.Config
 	Start bool `json:"start"`
+	// Plan is the signed plan (the object nexus plan sign writes) that
+	// admits the create and its start.
+	Plan json.RawMessage `json:"plan,omitempty"`
+}
+
+// planned is the Nexus that admits a request under its plan, if it has
+// one.
+func (s *server) planned(plan json.RawMessage) *nexus.Nexus {
+	if len(plan) == 0 {
+		return s.n
+	}
+	return s.n.WithPlan(plan)
 }
 
 func (s *server) create(w http.ResponseWriter, r *http.Request) error {
@@ -30,12 +43,13 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) error {
 	if err := nexus.ValidateCreate(req); err != nil {
 		return err
 	}
-	sb, err := s.n.Create(r.Context(), req)
+	n := s.planned(b.Plan)
+	sb, err := n.Create(r.Context(), req)
 	if err != nil {
 		return err
 	}
 	if b.Start {
-		started, err := s.n.Start(r.Context(), sb.ID)
+		started, err := n.Start(r.Context(), sb.ID)
 		if err != nil {
 			// The record exists: say which, so the client can retry the
 			// start or remove it.
@@ -84,10 +98,14 @@ func (s *server) remove(w http.ResponseWriter, r *http.Request) error {
 // verb is a lifecycle verb's route: no body, the sandbox as it is after.
 func verb(op func(*nexus.Nexus, context.Context, string) (*nexus.Sandbox, error)) func(*server, http.ResponseWriter, *http.Request) error {
 	return func(s *server, w http.ResponseWriter, r *http.Request) error {
-		if err := decode(w, r, &struct{}{}); err != nil {
+		// An optional body: the plan that admits a start or a resume.
+		var b struct {
+			Plan json.RawMessage `json:"plan,omitempty"`
+		}
+		if err := decode(w, r, &b); err != nil {
 			return err
 		}
-		sb, err := op(s.n, r.Context(), r.PathValue("ref"))
+		sb, err := op(s.planned(b.Plan), r.Context(), r.PathValue("ref"))
 		if err != nil {
 			return err
 		}
@@ -283,6 +301,8 @@ type forkBody struct {
 	Names  []string `json:"names"`
 	NoPool bool     `json:"no_pool"`
 	RunAs  string   `json:"run_as"`
+	// Plan admits the fork (all its children).
+	Plan json.RawMessage `json:"plan,omitempty"`
 }
 
 func (s *server) fork(w http.ResponseWriter, r *http.Request) error {
@@ -297,7 +317,7 @@ func (s *server) fork(w http.ResponseWriter, r *http.Request) error {
 	if err := nexus.ValidateFork(req); err != nil {
 		return err
 	}
-	kids, err := s.n.Fork(r.Context(), req)
+	kids, err := s.planned(b.Plan).Fork(r.Context(), req)
 	if err != nil {
 		if len(kids) == 0 {
 			return err

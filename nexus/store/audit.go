@@ -178,3 +178,33 @@ func (t *Tx) rawAudit(seq uint64) []byte {
 	}
 	return nil
 }
+
+var bNonces = []byte("nonces") // plan nonce -> its plan's not_after (RFC 3339)
+
+// ErrReplay is a plan nonce that was used before.
+var ErrReplay = errors.New("the plan's nonce was used before (a replay)")
+
+// UseNonce records a plan's nonce as spent, refusing one spent before.
+// A nonce is kept until its plan has expired (a week after, for clock
+// steps), when it can no longer be replayed anyway.
+func (t *Tx) UseNonce(nonce string, notAfter, now time.Time) error {
+	b, err := t.tx.CreateBucketIfNotExists(bNonces)
+	if err != nil {
+		return err
+	}
+	if b.Get([]byte(nonce)) != nil {
+		return fmt.Errorf("%w: nonce %s", ErrReplay, nonce)
+	}
+	// Forget nonces long expired, a few at a time.
+	c := b.Cursor()
+	dropped := 0
+	for k, v := c.First(); k != nil && dropped < 64; k, v = c.Next() {
+		if until, err := time.Parse(time.RFC3339Nano, string(v)); err == nil && now.After(until.Add(7*24*time.Hour)) {
+			if err := c.Delete(); err != nil {
+				return err
+			}
+			dropped++
+		}
+	}
+	return b.Put([]byte(nonce), []byte(notAfter.UTC().Format(time.RFC3339Nano)))
+}

@@ -111,6 +111,9 @@ type Sandbox struct {
 	// (a copy-on-write layer over its snapshot's disk) for a fork. It
 	// outlives stop and start, and goes with the sandbox's rm.
 	Disk string `json:"disk,omitempty"`
+	// Plan is the digest of the signed plan that admitted its current
+	// (or last) run; "" for a sandbox run without admission.
+	Plan string `json:"plan,omitempty"`
 	// Final is the final usage record of its last session; Reason says
 	// why it is in error.
 	Final  string `json:"final,omitempty"`

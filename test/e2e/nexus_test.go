@@ -98,7 +98,7 @@ func (x *nx) refused(want int, args []string, words ...string) {
 }
 
 type nxSandbox struct {
-	ID, Name, State, Parent, Snapshot, Hostname, Pool, Reason string
+	ID, Name, State, Parent, Snapshot, Hostname, Pool, Reason, Plan, Admission string
 }
 
 func (x *nx) inspect(ref string) nxSandbox {

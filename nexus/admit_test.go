@@ -1,0 +1,130 @@
+package nexus
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nethersandbox/nether/nexus/trust"
+)
+
+// admissionNexus is a state directory that trusts the plan key "ops",
+// with a guest directory whose manifest names the kernel "k".
+func admissionNexus(t *testing.T) (*Nexus, func(edit func(p *trust.Plan)) []byte) {
+	t.Helper()
+	ctx := context.Background()
+	guest := t.TempDir()
+	os.WriteFile(filepath.Join(guest, "manifest.json"), []byte(`{"sha256":{"vmlinux":"`+strings.Repeat("a", 64)+`"}}`), 0o644)
+	os.WriteFile(filepath.Join(guest, "rootfs.json"), []byte(`{"sha256":"`+strings.Repeat("b", 64)+`"}`), 0o644)
+	n, err := Open(ctx, Options{StateDir: t.TempDir(), Nether: "/bin/true", GuestDir: guest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := n.CreateKey("ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _ := os.ReadFile(pub)
+	if _, err := n.Trust(line); err != nil {
+		t.Fatal(err)
+	}
+	priv, err := n.Keyring().Key("ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sign := func(edit func(p *trust.Plan)) []byte {
+		p := trust.NewPlan(time.Now().Add(-time.Minute))
+		if edit != nil {
+			edit(p)
+		}
+		b, err := trust.Sign(p, priv, "ops")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	return n, sign
+}
+
+func TestAdmissionOfCreate(t *testing.T) {
+	ctx := context.Background()
+	n, sign := admissionNexus(t)
+
+	plan := sign(nil)
+	sb, err := n.WithPlan(plan).Create(ctx, CreateRequest{Name: "ok"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sb.Plan) != 64 || sb.Config.RAMMB != 512 || sb.Config.CPUs != 1 || sb.Config.MaxRuntimeS != 3600 {
+		t.Fatalf("an admitted create: plan %q, config %+v; want the plan's digest and its limits filled in", sb.Plan, sb.Config)
+	}
+	pinned := sign(func(p *trust.Plan) { p.Image = &trust.Image{Kernel: strings.Repeat("a", 64), RootImage: strings.Repeat("b", 64)} })
+	if _, err := n.WithPlan(pinned).Create(ctx, CreateRequest{}); err != nil {
+		t.Fatalf("a plan pinning the image that boots: %v", err)
+	}
+
+	cases := []struct {
+		name string
+		n    *Nexus
+		req  CreateRequest
+		want string
+	}{
+		{"no plan", n, CreateRequest{}, "needs a signed plan"},
+		{"a replayed plan", n.WithPlan(plan), CreateRequest{}, "nonce was used before"},
+		{"more RAM than the plan", n.WithPlan(sign(nil)), CreateRequest{Config: Config{RAMMB: 1024}}, "ram_mb 1024: the plan allows at most 512"},
+		{"a network the plan does not give", n.WithPlan(sign(nil)), CreateRequest{Config: Config{Net: true}}, "net: the plan gives the sandbox no network"},
+		{"an app port without the data plane", n.WithPlan(sign(nil)), CreateRequest{Config: Config{AppPort: 8080}}, "app_port: the plan grants no data plane"},
+		{"an allow-list wider than the plan's", n.WithPlan(sign(func(p *trust.Plan) { p.Network = trust.Network{Net: true, Allow: []string{"10.1.0.0/16"}} })),
+			CreateRequest{Config: Config{Net: true, NetAllow: "10.0.0.0/8"}}, "net_allow 10.0.0.0/8: outside the plan's network.allow (10.1.0.0/16)"},
+		{"another kernel pinned", n.WithPlan(sign(func(p *trust.Plan) { p.Image = &trust.Image{Kernel: strings.Repeat("c", 64)} })), CreateRequest{}, "image.kernel: the plan pins cccccccccccc"},
+		{"expired", n.WithPlan(sign(func(p *trust.Plan) { p.NotBefore, p.NotAfter = time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour) })), CreateRequest{}, "has expired"},
+		{"a damaged plan", n.WithPlan([]byte(`{`)), CreateRequest{}, "not a signed plan"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := c.n.Create(ctx, c.req)
+			if !errors.Is(err, ErrRefused) || Kind(err) != KindRefused || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Create: %v, want a refusal saying %q", err, c.want)
+			}
+		})
+	}
+	// Nothing refused left a record, and every refusal is audited.
+	list, _ := n.List(ctx)
+	if len(list) != 2 {
+		t.Fatalf("%d sandboxes after 2 admitted creates", len(list))
+	}
+	recs, _ := n.AuditList(ctx, "")
+	refusals := 0
+	for _, r := range recs {
+		if r.Event == "refuse" {
+			refusals++
+		}
+	}
+	if refusals != len(cases) {
+		t.Fatalf("%d refusals audited, want %d", refusals, len(cases))
+	}
+	if _, err := n.AuditVerify(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Without a trusted authority nexus runs sandboxes unadmitted, and a plan
+// it cannot check is refused rather than ignored.
+func TestAdmissionOff(t *testing.T) {
+	ctx := context.Background()
+	n, err := Open(ctx, Options{StateDir: t.TempDir(), Nether: "/bin/true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := n.Create(ctx, CreateRequest{})
+	if err != nil || sb.Plan != "" {
+		t.Fatalf("an unadmitted create: %+v, %v", sb, err)
+	}
+	if _, err := n.WithPlan([]byte(`{}`)).Create(ctx, CreateRequest{}); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "no plan authority is trusted") {
+		t.Fatalf("a plan nobody can check: %v", err)
+	}
+}

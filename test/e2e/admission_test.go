@@ -1,0 +1,86 @@
+package e2e
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestNexusAdmission: once the state directory trusts a plan authority,
+// a create, start and fork each need a signed plan that allows them; a
+// replayed plan, a missing one and one narrower than the sandbox are
+// refused (exit 7) before any nether starts, and the chain records each
+// admission and refusal.
+func TestNexusAdmission(t *testing.T) {
+	x := newNexus(t)
+	x.must("create", "--name", "before") // unadmitted, while nothing is trusted
+	if sb := x.inspect("before"); sb.Plan != "" || sb.Admission != "unadmitted" {
+		t.Fatalf("a sandbox created before any authority: %+v", sb)
+	}
+	x.must("trust", "add", strings.TrimSpace(x.must("key", "create", "ops")))
+	n := 0
+	plan := func(ramMB int) string {
+		t.Helper()
+		var p map[string]any
+		if err := json.Unmarshal([]byte(x.must("plan", "new")), &p); err != nil {
+			t.Fatal(err)
+		}
+		p["limits"].(map[string]any)["ram_mb"] = ramMB
+		n++
+		raw := filepath.Join(x.dir, "plan"+string(rune('0'+n))+".json")
+		b, _ := json.Marshal(p)
+		os.WriteFile(raw, b, 0o600)
+		signed := raw + ".signed"
+		x.must("plan", "sign", "--key", "ops", raw, "-o", signed)
+		return signed
+	}
+
+	x.refused(7, []string{"create", "--name", "nope"}, "needs a signed plan")
+	p1 := plan(256)
+	x.must("--plan", p1, "create", "--name", "adm", "--start") // one plan admits the create and its start
+	sb := x.inspect("adm")
+	if sb.State != "running" || len(sb.Plan) != 64 || !strings.HasPrefix(sb.Plan, sb.Admission) {
+		t.Fatalf("an admitted sandbox: %+v", sb)
+	}
+	// The plan filled in the RAM the create left open (nether's default
+	// is 512 MiB), and nether booted with it.
+	out := strings.TrimSpace(x.must("exec", "adm", "--", "free -m | awk '/Mem:/{print $2}'"))
+	if mb, err := strconv.Atoi(out); err != nil || mb > 256 || mb < 128 {
+		t.Fatalf("the guest has %q MiB; the plan allows 256", out)
+	}
+	x.refused(7, []string{"--plan", p1, "create", "--name", "again"}, "nonce was used before")
+	x.must("snapshot", "create", "adm", "s")
+	x.refused(7, []string{"fork", "s"}, "needs a signed plan")
+	x.refused(7, []string{"--plan", plan(128), "fork", "s"}, "ram_mb 256: the plan allows at most 128")
+	p3 := plan(256)
+	kid := strings.TrimSpace(x.must("--plan", p3, "fork", "s"))
+	if k := x.inspect(kid); k.State != "running" || len(k.Plan) != 64 || k.Plan == sb.Plan {
+		t.Fatalf("an admitted fork: %+v (its parent's plan %s)", k, sb.Plan)
+	}
+
+	var recs []struct{ Event, Outcome, Plan, Detail string }
+	if err := json.Unmarshal([]byte(x.must("audit", "ls", "--json")), &recs); err != nil {
+		t.Fatal(err)
+	}
+	admits, refusals := 0, 0
+	for _, r := range recs {
+		switch r.Event {
+		case "admit":
+			admits++
+			if len(r.Plan) != 64 || r.Outcome != "ok" {
+				t.Errorf("an admission record: %+v", r)
+			}
+		case "refuse":
+			refusals++
+		}
+	}
+	if admits != 2 || refusals != 4 {
+		t.Errorf("%d admissions and %d refusals on the chain, want 2 and 4", admits, refusals)
+	}
+	if out := x.must("audit", "verify"); !strings.HasPrefix(out, "audit chain intact") {
+		t.Errorf("audit verify: %q", out)
+	}
+}
