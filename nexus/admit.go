@@ -55,10 +55,18 @@ func (n *Nexus) Admission() ([]trust.Authority, error) { return n.Keyring().Trus
 // nexus cannot tell (then a plan that pins it refuses).
 type imageOf struct{ kernel, rootfs string }
 
+// forkOf is what a fork's admission holds its plan to: the plan its
+// snapshot was captured under ("" unadmitted) and how many children it
+// makes (attenuate.go).
+type forkOf struct {
+	parent   string
+	children int
+}
+
 // admit checks the plan for op on sb (whose Config the plan fills in and
-// bounds) and records the outcome. It returns the admitted plan's
-// digest, "" when admission is off.
-func (n *Nexus) admit(op string, sb *Sandbox, img func() (imageOf, error)) (string, error) {
+// bounds) and records the outcome; fork is set for a fork. It returns the
+// admitted plan's digest, "" when admission is off.
+func (n *Nexus) admit(op string, sb *Sandbox, img func() (imageOf, error), fork *forkOf) (string, error) {
 	trusted, err := n.Admission()
 	if err != nil {
 		return "", err
@@ -101,8 +109,20 @@ func (n *Nexus) admit(op string, sb *Sandbox, img func() (imageOf, error)) (stri
 		return refuse(err)
 	}
 	// The nonce last: a plan refused for another reason can be fixed and
-	// sent again, a plan admitted never twice.
-	if err := n.db.Update(func(tx *store.Tx) error { return tx.UseNonce(v.Plan.Nonce, v.Plan.NotAfter, time.Now()) }); err != nil {
+	// sent again, a plan admitted never twice. The lineage is checked in
+	// the same transaction. (Two forks of one parent at the same moment
+	// can still both pass its budget: their children are written after.)
+	if err := n.db.Update(func(tx *store.Tx) error {
+		if fork != nil {
+			if err := attenuate(tx, v.Plan, fork.parent, fork.children); err != nil {
+				return err
+			}
+		}
+		if err := tx.UseNonce(v.Plan.Nonce, v.Plan.NotAfter, time.Now()); err != nil {
+			return err
+		}
+		return tx.PutPlan(v.Digest, v.Plan.Canonical())
+	}); err != nil {
 		return refuse(err)
 	}
 	sb.Config, sb.Plan = cfg, v.Digest

@@ -92,7 +92,7 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	}
 	// One plan admits the whole fork; its children share its digest.
 	tmpl := &Sandbox{Name: "the children of snapshot " + snap.Ref(), Config: cfg, Parent: parent, Snapshot: snap.ID}
-	plan, err := n.admit("fork", tmpl, func() (imageOf, error) { return restoreImage(snap.Dir) })
+	plan, err := n.admit("fork", tmpl, func() (imageOf, error) { return restoreImage(snap.Dir) }, &forkOf{parent: snap.Plan, children: req.N})
 	if err != nil {
 		return nil, err
 	}

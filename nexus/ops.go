@@ -65,7 +65,7 @@ func (n *Nexus) Create(ctx context.Context, req CreateRequest) (*Sandbox, error)
 		// start, removed with the sandbox's directory.
 		sb.Disk = filepath.Join(n.sandboxDir(sb.ID), diskName)
 	}
-	if _, err := n.admit("create", sb, func() (imageOf, error) { return n.bootImage(sb.Config) }); err != nil {
+	if _, err := n.admit("create", sb, func() (imageOf, error) { return n.bootImage(sb.Config) }, nil); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(n.sandboxDir(sb.ID), 0o700); err != nil {
@@ -326,7 +326,7 @@ func (n *Nexus) Start(ctx context.Context, ref string) (*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := n.admit("start", sb, func() (imageOf, error) { return n.bootImage(sb.Config) }); err != nil {
+	if _, err := n.admit("start", sb, func() (imageOf, error) { return n.bootImage(sb.Config) }, nil); err != nil {
 		return sb, n.finish(sb, "", err)
 	}
 	err = n.launch(ctx, sb, "")
@@ -444,7 +444,7 @@ func (n *Nexus) Resume(ctx context.Context, ref string) (*Sandbox, error) {
 		n.release(sb)
 		return sb, fmt.Errorf("sandbox %s: its park %s is gone; it is now in error", sb.Ref(), sb.Park)
 	}
-	if _, err := n.admit("resume", sb, func() (imageOf, error) { return restoreImage(sb.Park) }); err != nil {
+	if _, err := n.admit("resume", sb, func() (imageOf, error) { return restoreImage(sb.Park) }, nil); err != nil {
 		return sb, n.finish(sb, "", err)
 	}
 	err = n.launch(ctx, sb, sb.Park)

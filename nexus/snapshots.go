@@ -115,7 +115,7 @@ func (n *Nexus) capture(ctx context.Context, sb *Sandbox, name string) (*Snapsho
 
 func (n *Nexus) captureInto(ctx context.Context, sb *Sandbox, name string) (*Snapshot, error) {
 	id := newID()
-	snap := &Snapshot{ID: id, Name: name, Source: sb.ID, Config: sb.Config, Dir: filepath.Join(n.dir, snapshotsDir, id), Created: time.Now().UTC(),
+	snap := &Snapshot{ID: id, Name: name, Source: sb.ID, Config: sb.Config, Plan: sb.Plan, Dir: filepath.Join(n.dir, snapshotsDir, id), Created: time.Now().UTC(),
 		Lease: &store.Lease{Op: "snapshot", Holder: os.Getpid(), Expires: time.Now().Add(leaseTTL)}}
 	if err := n.db.Update(func(tx *store.Tx) error { return tx.PutSnapshot(snap) }); err != nil {
 		return nil, err

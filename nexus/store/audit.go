@@ -208,3 +208,23 @@ func (t *Tx) UseNonce(nonce string, notAfter, now time.Time) error {
 	}
 	return b.Put([]byte(nonce), []byte(notAfter.UTC().Format(time.RFC3339Nano)))
 }
+
+var bPlans = []byte("plans") // plan digest -> the plan's canonical JSON
+
+// PutPlan keeps an admitted plan, so that the plans of its children can be
+// held to it.
+func (t *Tx) PutPlan(digest string, canonical []byte) error {
+	b, err := t.tx.CreateBucketIfNotExists(bPlans)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(digest), canonical)
+}
+
+// Plan reads an admitted plan's canonical JSON (nil when unknown).
+func (t *Tx) Plan(digest string) []byte {
+	if b := t.bucket(bPlans); b != nil {
+		return bytes.Clone(b.Get([]byte(digest)))
+	}
+	return nil
+}

@@ -141,8 +141,11 @@ type Snapshot struct {
 	Created time.Time `json:"created"`
 	// Refs are the sandboxes that depend on it (their memory is mapped
 	// from it): it cannot be removed while any is listed.
-	Refs  []string `json:"refs,omitempty"`
-	Lease *Lease   `json:"lease,omitempty"`
+	Refs []string `json:"refs,omitempty"`
+	// Plan is the digest of the plan its source ran under at the capture
+	// ("" unadmitted): a fork's plan must descend from it.
+	Plan  string `json:"plan,omitempty"`
+	Lease *Lease `json:"lease,omitempty"`
 }
 
 // Ref is how messages name the snapshot.

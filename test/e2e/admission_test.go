@@ -11,9 +11,11 @@ import (
 
 // TestNexusAdmission: once the state directory trusts a plan authority,
 // a create, start and fork each need a signed plan that allows them; a
-// replayed plan, a missing one and one narrower than the sandbox are
-// refused (exit 7) before any nether starts, and the chain records each
-// admission and refusal.
+// replayed plan, a missing one, one narrower than the sandbox, a fork's
+// plan that does not descend from its snapshot's, one wider than its
+// parent and one past its parent's descendants are refused (exit 7)
+// before any nether starts, and the chain records each admission and
+// refusal.
 func TestNexusAdmission(t *testing.T) {
 	x := newNexus(t)
 	x.must("create", "--name", "before") // unadmitted, while nothing is trusted
@@ -22,13 +24,22 @@ func TestNexusAdmission(t *testing.T) {
 	}
 	x.must("trust", "add", strings.TrimSpace(x.must("key", "create", "ops")))
 	n := 0
-	plan := func(ramMB int) string {
+	// plan signs a skeleton with ram_mb set, for a parent plan's child
+	// when parent is set; a plan without a parent may fork once.
+	var parentNotAfter any // a child plan may not outlive its parent
+	plan := func(ramMB int, parent string) string {
 		t.Helper()
 		var p map[string]any
 		if err := json.Unmarshal([]byte(x.must("plan", "new")), &p); err != nil {
 			t.Fatal(err)
 		}
 		p["limits"].(map[string]any)["ram_mb"] = ramMB
+		if parent != "" {
+			p["parent"], p["not_after"] = parent, parentNotAfter
+		} else if parentNotAfter == nil {
+			parentNotAfter = p["not_after"] // the first plan's: the parent
+			p["grants"] = map[string]any{"max_descendants": 1, "fork_budget": map[string]any{"ram_mb": 256}}
+		}
 		n++
 		raw := filepath.Join(x.dir, "plan"+string(rune('0'+n))+".json")
 		b, _ := json.Marshal(p)
@@ -39,7 +50,7 @@ func TestNexusAdmission(t *testing.T) {
 	}
 
 	x.refused(7, []string{"create", "--name", "nope"}, "needs a signed plan")
-	p1 := plan(256)
+	p1 := plan(256, "")
 	x.must("--plan", p1, "create", "--name", "adm", "--start") // one plan admits the create and its start
 	sb := x.inspect("adm")
 	if sb.State != "running" || len(sb.Plan) != 64 || !strings.HasPrefix(sb.Plan, sb.Admission) {
@@ -54,12 +65,15 @@ func TestNexusAdmission(t *testing.T) {
 	x.refused(7, []string{"--plan", p1, "create", "--name", "again"}, "nonce was used before")
 	x.must("snapshot", "create", "adm", "s")
 	x.refused(7, []string{"fork", "s"}, "needs a signed plan")
-	x.refused(7, []string{"--plan", plan(128), "fork", "s"}, "ram_mb 256: the plan allows at most 128")
-	p3 := plan(256)
-	kid := strings.TrimSpace(x.must("--plan", p3, "fork", "s"))
+	x.refused(7, []string{"--plan", plan(128, sb.Plan), "fork", "s"}, "ram_mb 256: the plan allows at most 128")
+	x.refused(7, []string{"--plan", plan(256, ""), "fork", "s"}, "a fork's plan must name it as its parent")
+	x.refused(7, []string{"--plan", plan(512, sb.Plan), "fork", "s"}, "limits.ram_mb: the child plan asks for 512, its parent allows 256")
+	kid := strings.TrimSpace(x.must("--plan", plan(256, sb.Plan), "fork", "s"))
 	if k := x.inspect(kid); k.State != "running" || len(k.Plan) != 64 || k.Plan == sb.Plan {
 		t.Fatalf("an admitted fork: %+v (its parent's plan %s)", k, sb.Plan)
 	}
+	// The parent plan allows one descendant: a second fork is refused.
+	x.refused(7, []string{"--plan", plan(256, sb.Plan), "fork", "s"}, "grants.max_descendants", "it has 1, and the fork adds 1")
 
 	var recs []struct{ Event, Outcome, Plan, Detail string }
 	if err := json.Unmarshal([]byte(x.must("audit", "ls", "--json")), &recs); err != nil {
@@ -77,8 +91,8 @@ func TestNexusAdmission(t *testing.T) {
 			refusals++
 		}
 	}
-	if admits != 2 || refusals != 4 {
-		t.Errorf("%d admissions and %d refusals on the chain, want 2 and 4", admits, refusals)
+	if admits != 2 || refusals != 7 {
+		t.Errorf("%d admissions and %d refusals on the chain, want 2 and 7", admits, refusals)
 	}
 	if out := x.must("audit", "verify"); !strings.HasPrefix(out, "audit chain intact") {
 		t.Errorf("audit verify: %q", out)
