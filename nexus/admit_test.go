@@ -62,7 +62,9 @@ func TestAdmissionOfCreate(t *testing.T) {
 	if len(sb.Plan) != 64 || sb.Config.RAMMB != 512 || sb.Config.CPUs != 1 || sb.Config.MaxRuntimeS != 3600 {
 		t.Fatalf("an admitted create: plan %q, config %+v; want the plan's digest and its limits filled in", sb.Plan, sb.Config)
 	}
-	pinned := sign(func(p *trust.Plan) { p.Image = &trust.Image{Kernel: strings.Repeat("a", 64), RootImage: strings.Repeat("b", 64)} })
+	pinned := sign(func(p *trust.Plan) {
+		p.Image = &trust.Image{Kernel: strings.Repeat("a", 64), RootImage: strings.Repeat("b", 64)}
+	})
 	if _, err := n.WithPlan(pinned).Create(ctx, CreateRequest{}); err != nil {
 		t.Fatalf("a plan pinning the image that boots: %v", err)
 	}
@@ -81,7 +83,9 @@ func TestAdmissionOfCreate(t *testing.T) {
 		{"an allow-list wider than the plan's", n.WithPlan(sign(func(p *trust.Plan) { p.Network = trust.Network{Net: true, Allow: []string{"10.1.0.0/16"}} })),
 			CreateRequest{Config: Config{Net: true, NetAllow: "10.0.0.0/8"}}, "net_allow 10.0.0.0/8: outside the plan's network.allow (10.1.0.0/16)"},
 		{"another kernel pinned", n.WithPlan(sign(func(p *trust.Plan) { p.Image = &trust.Image{Kernel: strings.Repeat("c", 64)} })), CreateRequest{}, "image.kernel: the plan pins cccccccccccc"},
-		{"expired", n.WithPlan(sign(func(p *trust.Plan) { p.NotBefore, p.NotAfter = time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour) })), CreateRequest{}, "has expired"},
+		{"expired", n.WithPlan(sign(func(p *trust.Plan) {
+			p.NotBefore, p.NotAfter = time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour)
+		})), CreateRequest{}, "has expired"},
 		{"a damaged plan", n.WithPlan([]byte(`{`)), CreateRequest{}, "not a signed plan"},
 	}
 	for _, c := range cases {

@@ -71,7 +71,9 @@ func TestAttenuation(t *testing.T) {
 		{"a narrower child", child(nil), 1, ""},
 		{"more RAM than the parent", child(func(c *trust.Plan) { c.Limits.RAMMB = 2048 }), 1, "limits.ram_mb: the child plan asks for 2048, its parent allows 1024"},
 		{"an unbounded runtime", child(func(c *trust.Plan) { c.Limits.MaxRuntimeS = 0 }), 1, "limits.max_runtime_s: the child plan asks for no bound"},
-		{"a wider allow-list", child(func(c *trust.Plan) { c.Network = trust.Network{Net: true, Allow: []string{"0.0.0.0/0"}, Block: []string{"10.9.0.0/16"}} }), 1, "network.allow 0.0.0.0/0: outside the parent plan's"},
+		{"a wider allow-list", child(func(c *trust.Plan) {
+			c.Network = trust.Network{Net: true, Allow: []string{"0.0.0.0/0"}, Block: []string{"10.9.0.0/16"}}
+		}), 1, "network.allow 0.0.0.0/0: outside the parent plan's"},
 		{"the parent's block dropped", child(func(c *trust.Plan) { c.Network.Block = nil }), 1, "network.block: the child plan drops its parent's 10.9.0.0/16"},
 		{"an egress grant the parent lacks", child(func(c *trust.Plan) { c.Grants.Egress = true }), 1, "grants.egress"},
 		{"more descendants than the parent", child(func(c *trust.Plan) { c.Grants.MaxDescendants = 9 }), 1, "grants.max_descendants: the child plan asks for 9"},
