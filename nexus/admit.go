@@ -1,12 +1,9 @@
 package nexus
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -14,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/internal/guestimage"
 	"github.com/nethersandbox/nether/internal/snapshot"
 	"github.com/nethersandbox/nether/nexus/store"
 	"github.com/nethersandbox/nether/nexus/trust"
@@ -298,7 +296,7 @@ func (n *Nexus) bootImage(cfg Config) (imageOf, error) {
 			img.rootfs = rj.SHA256
 		}
 	default:
-		sum, err := fileSHA256(cfg.Rootfs)
+		sum, err := guestimage.FileSHA256(cfg.Rootfs)
 		if err != nil {
 			return img, err
 		}
@@ -315,17 +313,4 @@ func restoreImage(dir string) (imageOf, error) {
 		return imageOf{}, err
 	}
 	return imageOf{kernel: a.Meta.Fingerprint.KernelSHA256, rootfs: a.Meta.Fingerprint.RootfsSHA256}, nil
-}
-
-func fileSHA256(path string) (string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -150,7 +150,7 @@ func digest(m, old *Manifest, role, p string) (string, error) {
 	}
 	if o, ok := old.stamp(role); ok && o.Path == st.Path && o.Size == st.Size && o.MTime == st.MTime && o.Ino == st.Ino && o.SHA256 != "" {
 		st.SHA256 = o.SHA256
-	} else if st.SHA256, err = fileSHA256(p); err != nil {
+	} else if st.SHA256, err = FileSHA256(p); err != nil {
 		return "", err
 	}
 	if m.Stamps == nil {
@@ -620,7 +620,7 @@ func (c *countWriter) Write(p []byte) (int, error) {
 // hardlinks when it can (same filesystem: no 60 MB copy) and copies
 // otherwise, always through a temp name so dst is never half-written.
 func placeCopy(src, dst, wantSum string) error {
-	if got, err := fileSHA256(dst); err == nil && got == wantSum {
+	if got, err := FileSHA256(dst); err == nil && got == wantSum {
 		return nil
 	}
 	tmp := filepath.Join(filepath.Dir(dst), "."+filepath.Base(dst)+".tmp")
@@ -678,7 +678,8 @@ func writeFileAtomic(p string, data []byte, mode os.FileMode) error {
 	return os.Rename(tmp.Name(), p)
 }
 
-func fileSHA256(p string) (string, error) {
+// FileSHA256 is the hex sha256 of the file at p.
+func FileSHA256(p string) (string, error) {
 	f, err := os.Open(p)
 	if err != nil {
 		return "", err
