@@ -136,6 +136,8 @@ var routes = []route{
 	{method: "PUT", path: "/v1/pools/{snapshot}", handle: (*server).poolSet, spawns: true},
 	{method: "GET", path: "/v1/pools", handle: (*server).pools},
 	{method: "GET", path: "/v1/tree", handle: (*server).tree},
+	{method: "GET", path: "/v1/audit", handle: (*server).auditList},
+	{method: "GET", path: "/v1/audit/verify", handle: (*server).auditVerify},
 	{method: "GET", path: "/v1/openapi.yaml", handle: (*server).openapi, static: true},
 }
 

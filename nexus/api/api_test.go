@@ -505,3 +505,25 @@ func TestOpenAPIServed(t *testing.T) {
 		t.Fatalf("%d %q, %d bytes", resp.StatusCode, resp.Header.Get("Content-Type"), len(b))
 	}
 }
+
+// TestAudit: the records of what the API did, and the chain's check.
+func TestAudit(t *testing.T) {
+	e := newEnv(t)
+	var sb nexus.Sandbox
+	e.want(201, "POST", "/v1/sandboxes", `{"name": "web"}`, &sb)
+	e.want(204, "DELETE", "/v1/sandboxes/web", "", nil)
+	var recs []store.AuditRecord
+	e.want(200, "GET", "/v1/audit?sandbox="+sb.ID, "", &recs)
+	if len(recs) != 2 || recs[0].Event != "create" || recs[1].Event != "rm" || recs[1].Prev == "" {
+		t.Fatalf("GET /v1/audit: %+v", recs)
+	}
+	var head store.AuditHead
+	e.want(200, "GET", "/v1/audit/verify", "", &head)
+	if head.Records != 2 || len(head.Hash) != 64 {
+		t.Fatalf("GET /v1/audit/verify: %+v", head)
+	}
+	e.want(200, "GET", "/v1/audit?sandbox=nobody", "", &recs)
+	if len(recs) != 0 {
+		t.Fatalf("the records of nobody: %+v", recs)
+	}
+}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nethersandbox/nether/nexus"
 	"github.com/nethersandbox/nether/nexus/lifecycle"
+	"github.com/nethersandbox/nether/nexus/store"
 )
 
 // createBody is POST /v1/sandboxes: a name, nether's settings (the same
@@ -359,6 +360,27 @@ func (s *server) pools(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return writeJSON(w, http.StatusOK, ps)
+}
+
+func (s *server) auditList(w http.ResponseWriter, r *http.Request) error {
+	recs, err := s.n.AuditList(r.Context(), r.URL.Query().Get("sandbox"))
+	if err != nil {
+		return err
+	}
+	if recs == nil {
+		recs = []*store.AuditRecord{}
+	}
+	return writeJSON(w, http.StatusOK, recs)
+}
+
+// auditVerify answers 200 with the chain's head, or 500 naming the
+// first record that was altered or removed.
+func (s *server) auditVerify(w http.ResponseWriter, r *http.Request) error {
+	head, err := s.n.AuditVerify(r.Context())
+	if err != nil {
+		return err
+	}
+	return writeJSON(w, http.StatusOK, head)
 }
 
 func (s *server) tree(w http.ResponseWriter, r *http.Request) error {
