@@ -307,6 +307,31 @@ func (n *Nexus) bootImage(cfg Config) (imageOf, error) {
 
 // restoreImage is what a restore of the artifact at dir runs: the kernel
 // and root image its fingerprint names.
+// restoreSize fills in the CPUs and RAM a restore of the artifact at dir
+// runs with where cfg leaves them to nether's defaults: a restore runs
+// with the artifact's, so admission must hold those to the plan (a plan
+// of 256 MiB cannot admit a restore of a 512 MiB guest by filling in
+// 256). Only under admission: unadmitted records stay as they were.
+func (n *Nexus) restoreSize(cfg *Config, dir string) error {
+	if cfg.CPUs != 0 && cfg.RAMMB != 0 {
+		return nil
+	}
+	if trusted, err := n.Admission(); err != nil || len(trusted) == 0 {
+		return err
+	}
+	a, err := snapshot.Open(dir)
+	if err != nil {
+		return err
+	}
+	if cfg.CPUs == 0 {
+		cfg.CPUs = a.Meta.Fingerprint.CPUs
+	}
+	if cfg.RAMMB == 0 {
+		cfg.RAMMB = a.Meta.Fingerprint.RAMMB
+	}
+	return nil
+}
+
 func restoreImage(dir string) (imageOf, error) {
 	a, err := snapshot.Open(dir)
 	if err != nil {

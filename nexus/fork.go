@@ -86,7 +86,11 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	if err := verify(snap); err != nil {
 		return nil, err
 	}
-	cfg := snap.Config
+	base := snap.Config
+	if err := n.restoreSize(&base, snap.Dir); err != nil {
+		return nil, err
+	}
+	cfg := base
 	if req.RunAs != "" {
 		cfg.RunAs = req.RunAs
 	}
@@ -102,7 +106,7 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	// fork whose run_as or plan changes them restores cold.
 	var kids []*Sandbox
 	var claimed []*Sandbox
-	if !req.NoPool && cfg == snap.Config {
+	if !req.NoPool && cfg == base {
 		if claimed, err = n.claimFromPool(ctx, snap, names, plan); err != nil {
 			return nil, err
 		}

@@ -444,6 +444,9 @@ func (n *Nexus) Resume(ctx context.Context, ref string) (*Sandbox, error) {
 		n.release(sb)
 		return sb, fmt.Errorf("sandbox %s: its park %s is gone; it is now in error", sb.Ref(), sb.Park)
 	}
+	if err := n.restoreSize(&sb.Config, sb.Park); err != nil {
+		return sb, n.finish(sb, "", err)
+	}
 	if _, err := n.admit("resume", sb, func() (imageOf, error) { return restoreImage(sb.Park) }, nil); err != nil {
 		return sb, n.finish(sb, "", err)
 	}
