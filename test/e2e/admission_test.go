@@ -18,10 +18,12 @@ import (
 // refusal.
 func TestNexusAdmission(t *testing.T) {
 	x := newNexus(t)
-	x.must("create", "--name", "before") // unadmitted, while nothing is trusted
+	// Unadmitted, while nothing is trusted, with nether's default RAM.
+	x.must("create", "--name", "before", "--start")
 	if sb := x.inspect("before"); sb.Plan != "" || sb.Admission != "unadmitted" {
 		t.Fatalf("a sandbox created before any authority: %+v", sb)
 	}
+	x.must("snapshot", "create", "before", "old")
 	x.must("trust", "add", strings.TrimSpace(x.must("key", "create", "ops")))
 	n := 0
 	// plan signs a skeleton with ram_mb set, for a parent plan's child
@@ -67,6 +69,9 @@ func TestNexusAdmission(t *testing.T) {
 	x.refused(7, []string{"fork", "s"}, "needs a signed plan")
 	x.refused(7, []string{"--plan", plan(128, sb.Plan), "fork", "s"}, "ram_mb 256: the plan allows at most 128")
 	x.refused(7, []string{"--plan", plan(256, ""), "fork", "s"}, "a fork's plan must name it as its parent")
+	// A restore runs with its artifact's RAM (512 MiB, nether's default,
+	// here): a plan of 256 cannot admit it by filling in 256.
+	x.refused(7, []string{"--plan", plan(256, ""), "fork", "old"}, "ram_mb 512: the plan allows at most 256")
 	x.refused(7, []string{"--plan", plan(512, sb.Plan), "fork", "s"}, "limits.ram_mb: the child plan asks for 512, its parent allows 256")
 	kid := strings.TrimSpace(x.must("--plan", plan(256, sb.Plan), "fork", "s"))
 	if k := x.inspect(kid); k.State != "running" || len(k.Plan) != 64 || k.Plan == sb.Plan {
@@ -91,8 +96,8 @@ func TestNexusAdmission(t *testing.T) {
 			refusals++
 		}
 	}
-	if admits != 2 || refusals != 7 {
-		t.Errorf("%d admissions and %d refusals on the chain, want 2 and 7", admits, refusals)
+	if admits != 2 || refusals != 8 {
+		t.Errorf("%d admissions and %d refusals on the chain, want 2 and 8", admits, refusals)
 	}
 	if out := x.must("audit", "verify"); !strings.HasPrefix(out, "audit chain intact") {
 		t.Errorf("audit verify: %q", out)
