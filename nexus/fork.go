@@ -96,7 +96,13 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	}
 	// One plan admits the whole fork; its children share its digest.
 	tmpl := &Sandbox{Name: "the children of snapshot " + snap.Ref(), Config: cfg, Parent: parent, Snapshot: snap.ID}
-	plan, err := n.admit("fork", tmpl, func() (imageOf, error) { return restoreImage(snap.Dir) }, &forkOf{parent: snap.Plan, children: req.N})
+	// A dirty snapshot's fork descends from its lineage; a clean one's
+	// may be admitted under any plan (whose image matches).
+	var lineage *forkOf
+	if classOf(snap) == ClassDirty {
+		lineage = &forkOf{parent: snap.Plan, children: req.N}
+	}
+	plan, err := n.admit("fork", tmpl, func() (imageOf, error) { return restoreImage(snap.Dir) }, lineage)
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +205,7 @@ func (n *Nexus) forkSource(ctx context.Context, ref, runAs string) (*Snapshot, s
 	if err != nil {
 		return nil, "", err
 	}
-	snap, err = n.capture(ctx, locked, "")
+	snap, err = n.capture(ctx, locked, "", false)
 	if err := n.finish(locked, locked.State, err); err != nil {
 		return nil, "", err
 	}

@@ -68,6 +68,10 @@ func verify(s *Snapshot) error {
 // SnapshotCreate captures a running sandbox into the snapshot store; the
 // sandbox keeps running. name is optional and unique.
 func (n *Nexus) SnapshotCreate(ctx context.Context, ref, name string) (*Snapshot, error) {
+	return n.snapshotCreate(ctx, ref, name, false)
+}
+
+func (n *Nexus) snapshotCreate(ctx context.Context, ref, name string, clean bool) (*Snapshot, error) {
 	if err := checkName(name); err != nil {
 		return nil, err
 	}
@@ -95,7 +99,13 @@ func (n *Nexus) SnapshotCreate(ctx context.Context, ref, name string) (*Snapshot
 		err := fmt.Errorf("sandbox %s is stopped: a snapshot is captured from a running guest, its memory and its disk at the same instant, and a stopped sandbox has no memory to capture; start it%s and snapshot it running", sb.Ref(), hint)
 		return nil, n.finish(sb, "", err)
 	}
-	snap, err := n.capture(ctx, sb, name)
+	if clean {
+		if err := n.checkClean(ctx, sb); err != nil {
+			n.audit(evSnapshot, sb, "", err)
+			return nil, n.finish(sb, "", err)
+		}
+	}
+	snap, err := n.capture(ctx, sb, name, clean)
 	return snap, n.finish(sb, sb.State, err)
 }
 
@@ -103,8 +113,8 @@ func (n *Nexus) SnapshotCreate(ctx context.Context, ref, name string) (*Snapshot
 // holds) into the store. The record exists, leased, before the capture,
 // so that a nexus that dies halfway leaves something its successor
 // removes (Reconcile), never an artifact nobody knows.
-func (n *Nexus) capture(ctx context.Context, sb *Sandbox, name string) (*Snapshot, error) {
-	snap, err := n.captureInto(ctx, sb, name)
+func (n *Nexus) capture(ctx context.Context, sb *Sandbox, name string, clean bool) (*Snapshot, error) {
+	snap, err := n.captureInto(ctx, sb, name, clean)
 	id := ""
 	if snap != nil {
 		id = snap.ID
@@ -113,9 +123,13 @@ func (n *Nexus) capture(ctx context.Context, sb *Sandbox, name string) (*Snapsho
 	return snap, err
 }
 
-func (n *Nexus) captureInto(ctx context.Context, sb *Sandbox, name string) (*Snapshot, error) {
+func (n *Nexus) captureInto(ctx context.Context, sb *Sandbox, name string, clean bool) (*Snapshot, error) {
 	id := newID()
-	snap := &Snapshot{ID: id, Name: name, Source: sb.ID, Config: sb.Config, Plan: sb.Plan, Dir: filepath.Join(n.dir, snapshotsDir, id), Created: time.Now().UTC(),
+	class := ClassDirty
+	if clean {
+		class = ClassClean
+	}
+	snap := &Snapshot{ID: id, Name: name, Source: sb.ID, Config: sb.Config, Plan: sb.Plan, Class: class, Dir: filepath.Join(n.dir, snapshotsDir, id), Created: time.Now().UTC(),
 		Lease: &store.Lease{Op: "snapshot", Holder: os.Getpid(), Expires: time.Now().Add(leaseTTL)}}
 	if err := n.db.Update(func(tx *store.Tx) error { return tx.PutSnapshot(snap) }); err != nil {
 		return nil, err

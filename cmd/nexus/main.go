@@ -416,7 +416,8 @@ func (a *app) logsCmd() *cobra.Command {
 
 func (a *app) snapshotCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "snapshot", Short: "Snapshots: create, ls, inspect, rm"}
-	cmd.AddCommand(&cobra.Command{
+	var clean bool
+	create := &cobra.Command{
 		Use:   "create SANDBOX [NAME]",
 		Short: "Capture a running sandbox into the snapshot store; it keeps running",
 		Args: func(cmd *cobra.Command, args []string) error {
@@ -430,13 +431,19 @@ func (a *app) snapshotCmd() *cobra.Command {
 			if len(args) == 2 {
 				name = args[1]
 			}
-			s, err := a.n.SnapshotCreate(cmd.Context(), args[0], name)
+			create := a.n.SnapshotCreate
+			if clean {
+				create = a.n.SnapshotCreateClean
+			}
+			s, err := create(cmd.Context(), args[0], name)
 			if err != nil {
 				return err
 			}
 			return a.print(s, func(w io.Writer) { fmt.Fprintln(w, s.ID) })
 		},
-	}, &cobra.Command{
+	}
+	create.Flags().BoolVar(&clean, "clean", false, "a clean snapshot, which any admitted plan may fork: refused, naming why, for a sandbox that may hold a tenant's state (secrets or planes in its plan, app or egress ports, traffic on its NIC or planes)")
+	cmd.AddCommand(create, &cobra.Command{
 		Use:   "ls",
 		Short: "List snapshots",
 		Args:  args(0),
@@ -446,9 +453,9 @@ func (a *app) snapshotCmd() *cobra.Command {
 				return err
 			}
 			return a.print(ss, func(w io.Writer) {
-				fmt.Fprintln(w, "ID\tNAME\tSOURCE\tSIZE\tREFS\tCREATED")
+				fmt.Fprintln(w, "ID\tNAME\tSOURCE\tCLASS\tSIZE\tREFS\tCREATED")
 				for _, s := range ss {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%.1f MiB\t%d\t%s\n", short(s.ID), dash(s.Name), short(s.Source), float64(s.Size)/(1<<20), len(s.Refs),
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%.1f MiB\t%d\t%s\n", short(s.ID), dash(s.Name), short(s.Source), nexus.SnapshotClass(s), float64(s.Size)/(1<<20), len(s.Refs),
 						s.Created.Local().Format("2006-01-02 15:04:05"))
 				}
 			})

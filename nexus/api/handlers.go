@@ -250,6 +250,8 @@ func serveFile(w http.ResponseWriter, r *http.Request, path, contentType string)
 type snapshotBody struct {
 	Sandbox string `json:"sandbox"`
 	Name    string `json:"name"`
+	// Clean asks for a clean snapshot (nexus snapshot create --clean).
+	Clean bool `json:"clean,omitempty"`
 }
 
 func (s *server) snapshotCreate(w http.ResponseWriter, r *http.Request) error {
@@ -263,7 +265,11 @@ func (s *server) snapshotCreate(w http.ResponseWriter, r *http.Request) error {
 	if err := nexus.ValidateSnapshotName(b.Name); err != nil {
 		return err
 	}
-	snap, err := s.n.SnapshotCreate(r.Context(), b.Sandbox, b.Name)
+	create := s.n.SnapshotCreate
+	if b.Clean {
+		create = s.n.SnapshotCreateClean
+	}
+	snap, err := create(r.Context(), b.Sandbox, b.Name)
 	if err != nil {
 		return err
 	}

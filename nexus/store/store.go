@@ -144,7 +144,11 @@ type Snapshot struct {
 	Refs []string `json:"refs,omitempty"`
 	// Plan is the digest of the plan its source ran under at the capture
 	// ("" unadmitted): a fork's plan must descend from it.
-	Plan  string `json:"plan,omitempty"`
+	Plan string `json:"plan,omitempty"`
+	// Class is "clean" (nothing of a tenant's: any admitted plan may
+	// fork it) or "dirty" (its lineage's only); "" in older records,
+	// which are dirty.
+	Class string `json:"class,omitempty"`
 	Lease *Lease `json:"lease,omitempty"`
 }
 

@@ -79,6 +79,19 @@ func TestNexusAdmission(t *testing.T) {
 	}
 	// The parent plan allows one descendant: a second fork is refused.
 	x.refused(7, []string{"--plan", plan(256, sb.Plan), "fork", "s"}, "grants.max_descendants", "it has 1, and the fork adds 1")
+	// A clean snapshot of it (its plan hands it no secrets or planes, its
+	// NIC and planes carried nothing) forks under a plan of its own.
+	x.must("snapshot", "create", "--clean", "adm", "c")
+	var snaps []struct{ Name, Class string }
+	json.Unmarshal([]byte(x.must("snapshot", "ls", "--json")), &snaps)
+	classes := map[string]string{}
+	for _, sn := range snaps {
+		classes[sn.Name] = sn.Class
+	}
+	if classes["c"] != "clean" || classes["s"] != "dirty" {
+		t.Errorf("snapshot classes %v, want c clean and s dirty", classes)
+	}
+	x.must("--plan", plan(256, ""), "fork", "c")
 
 	var recs []struct{ Event, Outcome, Plan, Detail string }
 	if err := json.Unmarshal([]byte(x.must("audit", "ls", "--json")), &recs); err != nil {
@@ -96,8 +109,8 @@ func TestNexusAdmission(t *testing.T) {
 			refusals++
 		}
 	}
-	if admits != 2 || refusals != 8 {
-		t.Errorf("%d admissions and %d refusals on the chain, want 2 and 8", admits, refusals)
+	if admits != 3 || refusals != 8 {
+		t.Errorf("%d admissions and %d refusals on the chain, want 3 and 8", admits, refusals)
 	}
 	if out := x.must("audit", "verify"); !strings.HasPrefix(out, "audit chain intact") {
 		t.Errorf("audit verify: %q", out)
