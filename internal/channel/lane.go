@@ -179,17 +179,6 @@ func (l *laneState) ackLocked(ack uint64) {
 	}
 }
 
-// dropLocked forgets the newest region: its batch went through the
-// transport after all.
-func (l *laneState) dropLocked() {
-	if k := len(l.regions); k > 0 {
-		l.regions = l.regions[:k-1]
-		if k > 1 {
-			l.head = l.regions[k-2].end
-		}
-	}
-}
-
 // laneDescriptor is the typeBulk frame that stands for batch id, n bytes
 // at off.
 func laneDescriptor(off, n int64, id uint64) *pending {

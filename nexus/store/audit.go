@@ -171,14 +171,6 @@ func (t *Tx) VerifyAudit() (AuditHead, error) {
 	return head, nil
 }
 
-// rawAudit is for tests that damage the chain on purpose.
-func (t *Tx) rawAudit(seq uint64) []byte {
-	if b := t.bucket(bAudit); b != nil {
-		return bytes.Clone(b.Get(auditKey(seq)))
-	}
-	return nil
-}
-
 var bNonces = []byte("nonces") // plan nonce -> its plan's not_after (RFC 3339)
 
 // ErrReplay is a plan nonce that was used before.

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -121,4 +122,12 @@ func TestAuditAppendMany(t *testing.T) {
 	if err != nil || recs[99].Seq != 102 {
 		t.Fatalf("after appending 100: %v (last seq %d)", err, recs[99].Seq)
 	}
+}
+
+// rawAudit is for tests that damage the chain on purpose.
+func (t *Tx) rawAudit(seq uint64) []byte {
+	if b := t.bucket(bAudit); b != nil {
+		return bytes.Clone(b.Get(auditKey(seq)))
+	}
+	return nil
 }
