@@ -88,10 +88,9 @@ type Machine struct {
 	// nic is the host end of the NIC's frame channel (Spec.NIC), closed
 	// once QEMU has exited; nil without a NIC.
 	nic *os.File
-	// lane is the memfd behind the channel's bulk lane (lane_linux.go)
-	// and procLane its mapping in QEMU, both closed once QEMU has
-	// exited; nil for a restore of an artifact captured without one.
-	lane     *os.File
+	// procLane is the channel's bulk lane in QEMU's memory
+	// (lane_linux.go), closed once QEMU has exited; nil for a restore of
+	// an artifact captured without one.
 	procLane *procLane
 	incoming *engine.Incoming
 	ramIn    ramMode // for an incoming machine: where its RAM comes from
@@ -141,9 +140,6 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		}
 		if err != nil && m.nic != nil {
 			m.nic.Close()
-		}
-		if err != nil && m.lane != nil {
-			m.lane.Close()
 		}
 	}()
 	var extra []*os.File
@@ -206,10 +202,12 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	}
 	lanePath := ""
 	if withLane {
-		if m.lane, err = newLane(); err != nil {
+		lane, err := newLane()
+		if err != nil {
 			return nil, err
 		}
-		extra = append(extra, m.lane)
+		defer lane.Close() // QEMU has its own copy once started
+		extra = append(extra, lane)
 		lanePath = fmt.Sprintf("/proc/self/fd/%d", 2+len(extra))
 		m.procLane = &procLane{}
 	}
@@ -278,9 +276,6 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 			// closed: either way the link is gone.
 			m.nic.Close()
 		}
-		if m.lane != nil {
-			m.lane.Close()
-		}
 		if m.procLane != nil {
 			m.procLane.close() // the channel falls back to its port
 		}
@@ -299,7 +294,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}
 	m.qmp, m.info.Version = q, version
-	if m.lane != nil {
+	if m.procLane != nil {
 		// QEMU serves QMP once its machine is built, the lane mapped.
 		if err = m.procLane.open(m.cmd.Process.Pid); err != nil {
 			m.kill()

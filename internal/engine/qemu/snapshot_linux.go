@@ -261,7 +261,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 	}
 	out.DeviceState = time.Since(start)
 	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil, RootImage: m.root, Disk: m.disk, CPU: m.cpu}
-	if m.lane != nil {
+	if m.procLane != nil {
 		sec.Lane = laneBytes
 	}
 	if ram != nil {
