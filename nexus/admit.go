@@ -146,12 +146,9 @@ func orUnknown(d string) string {
 }
 
 func (n *Nexus) auditAdmission(event, op string, sb *Sandbox, digest string, err error) {
-	rec := &store.AuditRecord{Event: event, Node: n.node, Plan: digest, Detail: op, Outcome: "ok",
-		Sandbox: sb.ID, Parent: sb.Parent, Snapshot: sb.Snapshot}
-	if err != nil {
-		rec.Outcome = err.Error()
-	}
-	n.appendAudit(rec)
+	rec := sandboxRecord(event, sb, "")
+	rec.Plan, rec.Detail = digest, op
+	n.record(rec, err)
 }
 
 // applyPlan fills the settings a sandbox leaves open from its plan and

@@ -28,18 +28,27 @@ func attenuate(tx *store.Tx, child *trust.Plan, parentDigest string, n int) erro
 	if child.Parent != parentDigest {
 		return fmt.Errorf("parent: the snapshot was captured under plan %s, and a fork's plan must name it as its parent (it names %s)", short12(parentDigest), orNoneDigest(child.Parent))
 	}
-	raw := tx.Plan(parentDigest)
-	if raw == nil {
-		return fmt.Errorf("parent: plan %s is not in this state directory's store", short12(parentDigest))
-	}
-	parent, err := trust.DecodePlan(raw)
+	parent, err := storedPlan(tx, parentDigest)
 	if err != nil {
-		return fmt.Errorf("parent: plan %s in the store: %w", short12(parentDigest), err)
+		return fmt.Errorf("parent: %w", err)
 	}
 	if err := subset(child, parent); err != nil {
 		return err
 	}
 	return withinGrants(tx, child, parent, parentDigest, n)
+}
+
+// storedPlan reads back a plan admission kept.
+func storedPlan(tx *store.Tx, digest string) (*trust.Plan, error) {
+	raw := tx.Plan(digest)
+	if raw == nil {
+		return nil, fmt.Errorf("plan %s is not in this state directory's store", short12(digest))
+	}
+	p, err := trust.DecodePlan(raw)
+	if err != nil {
+		return nil, fmt.Errorf("plan %s in the store: %w", short12(digest), err)
+	}
+	return p, nil
 }
 
 func orNoneDigest(d string) string {
@@ -140,10 +149,7 @@ func withinGrants(tx *store.Tx, child, parent *trust.Plan, parentDigest string, 
 		if p, ok := plans[d]; ok {
 			return p
 		}
-		var p *trust.Plan
-		if raw := tx.Plan(d); raw != nil {
-			p, _ = trust.DecodePlan(raw)
-		}
+		p, _ := storedPlan(tx, d) // nil: a lineage nexus cannot follow
 		plans[d] = p
 		return p
 	}

@@ -32,24 +32,32 @@ const (
 // that never found its sandbox) to the chain. err is the operation's
 // outcome.
 func (n *Nexus) audit(event string, sb *Sandbox, snapshot string, err error) {
-	rec := &store.AuditRecord{Event: event, Node: n.node, Snapshot: snapshot, Outcome: "ok"}
-	if err != nil {
-		rec.Outcome = err.Error()
-	}
+	n.record(sandboxRecord(event, sb, snapshot), err)
+}
+
+// sandboxRecord is a record of event for sb (nil: none) and the snapshot
+// it made, or else the one it came from.
+func sandboxRecord(event string, sb *Sandbox, snapshot string) *store.AuditRecord {
+	rec := &store.AuditRecord{Event: event, Snapshot: snapshot}
 	if sb != nil {
 		rec.Sandbox, rec.Parent = sb.ID, sb.Parent
 		if snapshot == "" {
 			rec.Snapshot = sb.Snapshot
 		}
 	}
-	n.appendAudit(rec)
+	return rec
 }
 
-// appendAudit writes rec; a record that cannot be written is logged,
-// since the operation has happened either way.
-func (n *Nexus) appendAudit(rec *store.AuditRecord) {
-	if err := n.db.Update(func(tx *store.Tx) error { return tx.AppendAudit(rec) }); err != nil {
-		n.log.Error("audit: the record could not be written", "event", rec.Event, "err", err)
+// record appends rec, with this node and err as its outcome, to the
+// chain. A record that cannot be written is logged, since the operation
+// has happened either way.
+func (n *Nexus) record(rec *store.AuditRecord, err error) {
+	rec.Node, rec.Outcome = n.node, "ok"
+	if err != nil {
+		rec.Outcome = err.Error()
+	}
+	if werr := n.db.Update(func(tx *store.Tx) error { return tx.AppendAudit(rec) }); werr != nil {
+		n.log.Error("audit: the record could not be written", "event", rec.Event, "err", werr)
 	}
 }
 
@@ -109,21 +117,13 @@ func (n *Nexus) Keyring() trust.Keyring { return trust.Keyring{Dir: n.dir} }
 // path.
 func (n *Nexus) CreateKey(name string) (string, error) {
 	path, err := n.Keyring().CreateKey(name)
-	n.auditTrust(evKeyCreate, "key "+name, err)
+	n.record(&store.AuditRecord{Event: evKeyCreate, Detail: "key " + name}, err)
 	return path, err
 }
 
 // Trust adds a plan authority (audited).
 func (n *Nexus) Trust(line []byte) (trust.Authority, error) {
 	a, err := n.Keyring().Trust(line)
-	n.auditTrust(evTrustAdd, fmt.Sprintf("authority %s (%q)", a.Fingerprint, a.Name), err)
+	n.record(&store.AuditRecord{Event: evTrustAdd, Detail: fmt.Sprintf("authority %s (%q)", a.Fingerprint, a.Name)}, err)
 	return a, err
-}
-
-func (n *Nexus) auditTrust(event, detail string, err error) {
-	rec := &store.AuditRecord{Event: event, Node: n.node, Detail: detail, Outcome: "ok"}
-	if err != nil {
-		rec.Outcome = err.Error()
-	}
-	n.appendAudit(rec)
 }

@@ -80,14 +80,13 @@ func parseStats(line string) map[string]int64 {
 func (n *Nexus) checkClean(ctx context.Context, sb *Sandbox) error {
 	var plan *trust.Plan
 	if sb.Plan != "" {
-		var raw []byte
-		n.db.View(func(tx *store.Tx) error { raw = tx.Plan(sb.Plan); return nil })
-		if raw == nil {
-			return fmt.Errorf("%w: a clean snapshot of %s: its plan %s is not in the store", ErrRefused, sb.Ref(), short12(sb.Plan))
-		}
-		var err error
-		if plan, err = trust.DecodePlan(raw); err != nil {
+		err := n.db.View(func(tx *store.Tx) error {
+			var err error
+			plan, err = storedPlan(tx, sb.Plan)
 			return err
+		})
+		if err != nil {
+			return fmt.Errorf("%w: a clean snapshot of %s: its %w", ErrRefused, sb.Ref(), err)
 		}
 	}
 	out, err := n.control(ctx, sb, "__stats__")
