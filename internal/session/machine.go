@@ -20,6 +20,7 @@ import (
 	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/guestimage"
 	"github.com/nethersandbox/nether/internal/snapshot"
 )
 
@@ -97,7 +98,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	if s.rootImage, err = RootImage(s.cfg, s.opt.GuestDir); err != nil {
 		return err
 	}
-	s.digests = newDigests(s.opt.GuestDir)
+	s.digests = guestimage.NewDigests(s.opt.GuestDir)
 	cmdline := KernelCmdline(consoleMode, s.getView().identity.Hostname, s.cfg.Net)
 	if s.rootImage != "" {
 		fstype, err := rootFSType(s.rootImage)
@@ -505,18 +506,18 @@ func (s *Session) fingerprintWith(info engine.Info, accel engine.Accel) (snapsho
 
 // fingerprint is what an artifact taken with this engine, accelerator,
 // shape and guest files records.
-func fingerprint(info engine.Info, accel engine.Accel, cfg *conf.Config, kernel, image, rootImage string, d *digests) (snapshot.Fingerprint, error) {
-	k, err := d.of(kernel)
+func fingerprint(info engine.Info, accel engine.Accel, cfg *conf.Config, kernel, image, rootImage string, d *guestimage.Digests) (snapshot.Fingerprint, error) {
+	k, err := d.Of(kernel)
 	if err != nil {
 		return snapshot.Fingerprint{}, err
 	}
-	i, err := d.of(image)
+	i, err := d.Of(image)
 	if err != nil {
 		return snapshot.Fingerprint{}, err
 	}
 	var r string
 	if rootImage != "" {
-		if r, err = d.of(rootImage); err != nil {
+		if r, err = d.Of(rootImage); err != nil {
 			return snapshot.Fingerprint{}, err
 		}
 	}
@@ -553,7 +554,7 @@ func Validate(ctx context.Context, cfg *conf.Config, eng engine.Engine, guestDir
 	if err != nil {
 		return "", err
 	}
-	fp, err := fingerprint(info, accel, cfg, kernel, image, rootImage, newDigests(guestDir))
+	fp, err := fingerprint(info, accel, cfg, kernel, image, rootImage, guestimage.NewDigests(guestDir))
 	if err != nil {
 		return "", err
 	}

@@ -32,6 +32,7 @@ import (
 	"github.com/nethersandbox/nether/internal/control"
 	"github.com/nethersandbox/nether/internal/disk"
 	"github.com/nethersandbox/nether/internal/engine"
+	"github.com/nethersandbox/nether/internal/guestimage"
 	"github.com/nethersandbox/nether/internal/jail"
 	"github.com/nethersandbox/nether/internal/meter"
 	"github.com/nethersandbox/nether/internal/netlog"
@@ -112,7 +113,7 @@ type Session struct {
 
 	kernel, image string
 	rootImage     string // "" without one (rootfs = busybox)
-	digests       *digests
+	digests       *guestimage.Digests
 	art           *snapshot.Artifact // the artifact a restore starts from
 	// diskPath is the persistent disk's host file ("" without one), set
 	// by assemble; diskLock holds it for the session's life.

@@ -1,4 +1,4 @@
-package session
+package guestimage
 
 import (
 	"crypto/sha256"
@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
-
-	"github.com/nethersandbox/nether/internal/guestimage"
 )
 
 // TestDigestsUseTheManifestOnlyForTheSameFile: the kernel's digest comes
@@ -20,23 +18,23 @@ func TestDigestsUseTheManifestOnlyForTheSameFile(t *testing.T) {
 	kernel := filepath.Join(dir, "vmlinux")
 	os.WriteFile(kernel, []byte("kernel bytes"), 0o644)
 	fi, _ := os.Stat(kernel)
-	st := guestimage.FileStamp{Path: "build/guest/vmlinux", Size: fi.Size(), MTime: fi.ModTime().UnixNano(),
+	st := FileStamp{Path: "build/guest/vmlinux", Size: fi.Size(), MTime: fi.ModTime().UnixNano(),
 		Ino: fi.Sys().(*syscall.Stat_t).Ino, SHA256: "recorded-by-setup"}
-	m := guestimage.Manifest{Format: 1, Stamps: map[string]guestimage.FileStamp{"out-vmlinux": st}}
+	m := Manifest{Format: 1, Stamps: map[string]FileStamp{"out-vmlinux": st}}
 	b, _ := json.Marshal(m)
-	os.WriteFile(filepath.Join(dir, guestimage.ManifestFile), b, 0o644)
+	os.WriteFile(filepath.Join(dir, ManifestFile), b, 0o644)
 
-	got, err := newDigests(dir).of(kernel)
+	got, err := NewDigests(dir).Of(kernel)
 	if err != nil || got != "recorded-by-setup" {
 		t.Fatalf("unchanged file: got %q, %v; want the manifest's digest", got, err)
 	}
 	os.WriteFile(kernel, []byte("a different kernel"), 0o644)
 	sum := sha256.Sum256([]byte("a different kernel"))
-	got, err = newDigests(dir).of(kernel)
+	got, err = NewDigests(dir).Of(kernel)
 	if err != nil || got != hex.EncodeToString(sum[:]) {
 		t.Fatalf("changed file: got %q, %v; want its real sha256", got, err)
 	}
-	if _, err := newDigests(dir).of(filepath.Join(dir, "missing")); err == nil {
+	if _, err := NewDigests(dir).Of(filepath.Join(dir, "missing")); err == nil {
 		t.Fatal("a missing file got a digest")
 	}
 }

@@ -1,4 +1,4 @@
-package session
+package guestimage
 
 import (
 	"crypto/sha256"
@@ -10,32 +10,36 @@ import (
 	"path/filepath"
 	"sync"
 
-	"github.com/nethersandbox/nether/internal/guestimage"
+	"github.com/nethersandbox/nether/internal/rootimage"
 )
 
-// digests finds file digests, cheaply when setup's manifest already
-// recorded them for an unchanged file (the kernel is 66 MB; hashing it on
-// every fork would cost more than the fork).
-type digests struct {
+// Digests finds the sha256 of the guest's files, cheaply when setup's
+// manifest already recorded it for an unchanged file (the kernel is 66
+// MB; hashing it on every fork would cost more than the fork). nether
+// fingerprints what it boots with it, and nexus checks a plan's image
+// against the same figures.
+type Digests struct {
 	guestDir string
 	once     sync.Once
-	stamps   []guestimage.FileStamp
+	stamps   []FileStamp
 	mu       sync.Mutex
 	cache    map[string]string
 }
 
-func newDigests(guestDir string) *digests {
-	return &digests{guestDir: guestDir, cache: map[string]string{}}
+// NewDigests finds digests with the manifest in guestDir.
+func NewDigests(guestDir string) *Digests {
+	return &Digests{guestDir: guestDir, cache: map[string]string{}}
 }
 
-func (d *digests) of(path string) (string, error) {
+// Of is the hex sha256 of the file at path.
+func (d *Digests) Of(path string) (string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if v, ok := d.cache[path]; ok {
 		return v, nil
 	}
 	d.once.Do(func() {
-		if m, err := guestimage.ReadManifest(d.guestDir); err == nil {
+		if m, err := ReadManifest(d.guestDir); err == nil {
 			for _, st := range m.Stamps {
 				d.stamps = append(d.stamps, st)
 			}
@@ -75,10 +79,10 @@ func (d *digests) of(path string) (string, error) {
 // Hashing a root image of a few hundred MB would cost every start and
 // every fork a second; anything that does not match is hashed.
 func sidecarDigest(path string, fi os.FileInfo) string {
-	if filepath.Base(path) != RootImageFile {
+	if filepath.Base(path) != rootimage.ImageFile {
 		return ""
 	}
-	side := filepath.Join(filepath.Dir(path), "rootfs.json")
+	side := filepath.Join(filepath.Dir(path), rootimage.ManifestFile)
 	b, err := os.ReadFile(side)
 	if err != nil {
 		return ""
