@@ -1,17 +1,16 @@
 package nexus
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/guestimage"
+	"github.com/nethersandbox/nether/internal/rootimage"
 	"github.com/nethersandbox/nether/internal/snapshot"
 	"github.com/nethersandbox/nether/nexus/store"
 	"github.com/nethersandbox/nether/nexus/trust"
@@ -258,52 +257,35 @@ func joinList(have string, plan []string) string {
 	return strings.Join(out, ", ")
 }
 
-// bootImage is what a boot of cfg runs: the kernel and root image from
-// the guest directory nether uses (its manifest's digests), or a custom
-// root image's own digest.
+// bootImage is what a boot of cfg runs: the kernel and root image in the
+// guest directory its nether uses, or a custom root image, digested as
+// nether digests them for its fingerprint.
 func (n *Nexus) bootImage(cfg Config) (imageOf, error) {
 	dir := n.guestDir
 	if dir == "" {
-		dir = os.Getenv("NETHER_GUEST_DIR")
+		dir = guestimage.Dir(n.nether)
 	}
-	if dir == "" {
-		dir = filepath.Join(filepath.Dir(n.nether), "..", "build", "guest")
-	}
-	var man struct {
-		SHA256 map[string]string `json:"sha256"`
-	}
-	b, err := os.ReadFile(filepath.Join(dir, "manifest.json"))
-	if err != nil {
-		return imageOf{}, fmt.Errorf("reading the guest image's manifest: %w", err)
-	}
-	if err := json.Unmarshal(b, &man); err != nil {
-		return imageOf{}, fmt.Errorf("the guest image's manifest: %w", err)
-	}
-	img := imageOf{kernel: man.SHA256["vmlinux"]}
+	d := guestimage.NewDigests(dir)
+	kernel := filepath.Join(dir, guestimage.VmlinuxFile)
 	if cfg.GPU {
-		img.kernel = man.SHA256["vmlinuz"] // a display boots the bzImage
+		kernel = filepath.Join(dir, guestimage.VmlinuzFile) // a display boots the bzImage
 	}
-	switch cfg.Rootfs {
+	var img imageOf
+	var err error
+	if img.kernel, err = d.Of(kernel); err != nil {
+		return img, err
+	}
+	root := cfg.Rootfs
+	switch root {
 	case conf.RootfsBusybox:
+		return img, nil
 	case "":
-		var rj struct {
-			SHA256 string `json:"sha256"`
-		}
-		if b, err := os.ReadFile(filepath.Join(dir, "rootfs.json")); err == nil && json.Unmarshal(b, &rj) == nil {
-			img.rootfs = rj.SHA256
-		}
-	default:
-		sum, err := guestimage.FileSHA256(cfg.Rootfs)
-		if err != nil {
-			return img, err
-		}
-		img.rootfs = sum
+		root = filepath.Join(dir, rootimage.ImageFile)
 	}
-	return img, nil
+	img.rootfs, err = d.Of(root)
+	return img, err
 }
 
-// restoreImage is what a restore of the artifact at dir runs: the kernel
-// and root image its fingerprint names.
 // restoreSize fills in the CPUs and RAM a restore of the artifact at dir
 // runs with where cfg leaves them to nether's defaults: a restore runs
 // with the artifact's, so admission must hold those to the plan (a plan

@@ -2,6 +2,8 @@ package nexus
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"os"
 	"path/filepath"
@@ -13,13 +15,14 @@ import (
 )
 
 // admissionNexus is a state directory that trusts the plan key "ops",
-// with a guest directory whose manifest names the kernel "k".
+// with a guest directory holding a kernel ("kernel") and a root image
+// ("root image").
 func admissionNexus(t *testing.T) (*Nexus, func(edit func(p *trust.Plan)) []byte) {
 	t.Helper()
 	ctx := context.Background()
 	guest := t.TempDir()
-	os.WriteFile(filepath.Join(guest, "manifest.json"), []byte(`{"sha256":{"vmlinux":"`+strings.Repeat("a", 64)+`"}}`), 0o644)
-	os.WriteFile(filepath.Join(guest, "rootfs.json"), []byte(`{"sha256":"`+strings.Repeat("b", 64)+`"}`), 0o644)
+	os.WriteFile(filepath.Join(guest, "vmlinux"), []byte("kernel"), 0o644)
+	os.WriteFile(filepath.Join(guest, "rootfs.img"), []byte("root image"), 0o644)
 	n, err := Open(ctx, Options{StateDir: t.TempDir(), Nether: "/bin/true", GuestDir: guest})
 	if err != nil {
 		t.Fatal(err)
@@ -63,7 +66,7 @@ func TestAdmissionOfCreate(t *testing.T) {
 		t.Fatalf("an admitted create: plan %q, config %+v; want the plan's digest and its limits filled in", sb.Plan, sb.Config)
 	}
 	pinned := sign(func(p *trust.Plan) {
-		p.Image = &trust.Image{Kernel: strings.Repeat("a", 64), RootImage: strings.Repeat("b", 64)}
+		p.Image = &trust.Image{Kernel: sha256Hex("kernel"), RootImage: sha256Hex("root image")}
 	})
 	if _, err := n.WithPlan(pinned).Create(ctx, CreateRequest{}); err != nil {
 		t.Fatalf("a plan pinning the image that boots: %v", err)
@@ -131,4 +134,9 @@ func TestAdmissionOff(t *testing.T) {
 	if _, err := n.WithPlan([]byte(`{}`)).Create(ctx, CreateRequest{}); !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "no plan authority is trusted") {
 		t.Fatalf("a plan nobody can check: %v", err)
 	}
+}
+
+func sha256Hex(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:])
 }

@@ -4,15 +4,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/engine/qemu"
+	"github.com/nethersandbox/nether/internal/guestimage"
 	"github.com/nethersandbox/nether/internal/session"
 	"github.com/nethersandbox/nether/internal/snapshot"
 )
@@ -182,18 +181,6 @@ func verifiedCache(log *slog.Logger) *snapshot.VerifiedCache {
 }
 
 func guestDir() string {
-	if d := os.Getenv("NETHER_GUEST_DIR"); d != "" {
-		return d
-	}
-	exe, err := os.Executable()
-	if err == nil {
-		if real, err := filepath.EvalSymlinks(exe); err == nil {
-			exe = real
-		}
-		d := filepath.Join(filepath.Dir(exe), "..", "build", "guest")
-		if _, err := os.Stat(d); err == nil || !errors.Is(err, os.ErrNotExist) {
-			return d
-		}
-	}
-	return filepath.Join("build", "guest")
+	exe, _ := os.Executable()
+	return guestimage.Dir(exe)
 }
