@@ -50,11 +50,15 @@ type agent struct {
 	// passwd and group are the account files run_as is looked up in; a
 	// test points them elsewhere.
 	passwd, group string
+	// identityFile and secretsDir are where identity and secrets go
+	// (identity_linux.go); a test points them elsewhere.
+	identityFile, secretsDir string
 }
 
 func newAgent(log *slog.Logger, r *reaper, mux *channel.Mux, powerOff func()) *agent {
 	return &agent{log: log, reaper: r, mux: mux, powerOff: powerOff, gone: make(chan struct{}),
-		policy: &runAsPolicy{}, passwd: passwdFile, group: groupFile}
+		policy: &runAsPolicy{}, passwd: passwdFile, group: groupFile,
+		identityFile: identityFile, secretsDir: secretsDir}
 }
 
 // run serves the streams the host opens until the channel closes (or ctx
@@ -113,6 +117,8 @@ func (a *agent) serve(s *channel.Stream) {
 		a.restored(s, req)
 	case agentproto.OpReseed:
 		a.reseed(s, req)
+	case agentproto.OpProvision:
+		a.provision(s, req)
 	case agentproto.OpConnect:
 		a.connect(s, req)
 	case agentproto.OpListen:
@@ -209,12 +215,26 @@ func (a *agent) restored(s *channel.Stream, req agentproto.Request) {
 			errs = append(errs, "mac: "+err.Error())
 		}
 	}
+	// Secrets and identity after the policy, which owns the secrets
+	// files, and before the epoch: nothing of the new session runs
+	// before the child holds its own secrets and none of its parent's.
+	provisioned := false
+	if req.Fork || req.Identity != nil || req.Secrets != nil {
+		if err := a.provisionFiles(req.Identity, req.Secrets, req.Fork); err != nil {
+			errs = append(errs, err.Error())
+		}
+		provisioned = true
+	}
 	a.epoch.Store(req.Epoch)
 	if len(errs) > 0 {
 		s.Reset("restore handshake: " + strings.Join(errs, "; "))
 		return
 	}
-	s.CloseWrite([]byte(fmt.Sprintf("ok %d", req.Epoch)))
+	status := fmt.Sprintf("ok %d", req.Epoch)
+	if provisioned {
+		status += " " + agentproto.Provisioned
+	}
+	s.CloseWrite([]byte(status))
 }
 
 // runConsoleShell runs an interactive shell on the serial console. busybox

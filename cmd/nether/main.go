@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/engine/qemu"
 	"github.com/nethersandbox/nether/internal/guestimage"
@@ -143,7 +144,13 @@ func main() {
 	for _, l := range cfg.Report() {
 		log.Debug("config", "setting", l)
 	}
+	secrets, err := readSecrets(cfg.SecretsFD)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "nether: secrets_fd = %d: %v\n", cfg.SecretsFD, err)
+		os.Exit(2)
+	}
 	os.Exit(session.Run(session.Options{
+		Secrets:  secrets,
 		Config:   cfg,
 		Engine:   eng,
 		Log:      log,
@@ -183,4 +190,22 @@ func verifiedCache(log *slog.Logger) *snapshot.VerifiedCache {
 func guestDir() string {
 	exe, _ := os.Executable()
 	return guestimage.Dir(exe)
+}
+
+// readSecrets reads the sandbox's secrets from the descriptor the
+// orchestrator handed nether (0: none) and closes it: they live in this
+// process's memory and the guest's, never in a file.
+func readSecrets(fd int) (map[string]agentproto.Text, error) {
+	if fd == 0 {
+		return nil, nil
+	}
+	f := os.NewFile(uintptr(fd), "secrets")
+	if f == nil {
+		return nil, fmt.Errorf("not an open descriptor")
+	}
+	defer f.Close()
+	if _, err := f.Stat(); err != nil {
+		return nil, fmt.Errorf("not an open descriptor: %w", err)
+	}
+	return agentproto.ReadSecrets(f)
 }

@@ -37,6 +37,8 @@ type Client struct {
 	bad     chan struct{}
 	badOnce sync.Once
 	badErr  error
+	// provisionReq, when set, is sent after a boot's hello (SetProvision).
+	provisionReq *agentproto.Request
 
 	// StallTimeout overrides DefaultStallTimeout; set before use.
 	StallTimeout time.Duration
@@ -130,7 +132,44 @@ func (c *Client) hello(_ context.Context, st *channel.Stream, req agentproto.Req
 		})
 		return
 	}
+	if c.provisionReq != nil {
+		// The guest takes its identity and secrets before anything may
+		// run in it: up waits for them.
+		if err := c.provision(context.Background(), *c.provisionReq); err != nil {
+			c.badOnce.Do(func() {
+				c.badErr = err
+				c.log.Error("refusing to drive the guest agent", "err", err)
+				close(c.bad)
+			})
+			return
+		}
+	}
 	c.markUp()
+}
+
+// SetProvision has the client hand a booted guest req's identity and
+// secrets (OpProvision) after its hello, before Up: no command runs in a
+// guest that does not yet hold them. Call it before Serve.
+func (c *Client) SetProvision(req agentproto.Request) { c.provisionReq = &req }
+
+// provision sends OpProvision and waits for the agent to confirm.
+func (c *Client) provision(ctx context.Context, req agentproto.Request) error {
+	ctx, cancel := context.WithTimeout(ctx, c.StallTimeout)
+	defer cancel()
+	req.Op = agentproto.OpProvision
+	st, err := c.open(req)
+	if err != nil {
+		return err
+	}
+	st.CloseWrite(nil)
+	if _, err := drain(ctx, st); err != nil {
+		st.Reset("host gave up on the provision")
+		return fmt.Errorf("handing the guest its identity and secrets: %w", AgentError(err))
+	}
+	if want := "ok 0 " + agentproto.Provisioned; string(st.Status()) != want {
+		return fmt.Errorf("handing the guest its identity and secrets: agent answered %q, want %q", truncate(string(st.Status()), 80), want)
+	}
+	return nil
 }
 
 // open starts a request stream stamped with the session epoch.
@@ -232,26 +271,46 @@ func (c *Client) Get(ctx context.Context, guestPath string, w io.Writer, max int
 // where a restored guest learns it is new. It picks a fresh random epoch,
 // which every later request carries, so a request meant for an older
 // session can never run in this one. Driving commands wait for it.
-func (c *Client) Handshake(ctx context.Context, req agentproto.Request) error {
+//
+// req's Identity and Secrets travel in the same request. provisioned
+// says whether the agent wrote them: one from before identity delivery
+// (a guest captured by an older nether) answers without doing so, which
+// is refused when req carries secrets and left to the caller otherwise.
+func (c *Client) Handshake(ctx context.Context, req agentproto.Request) (provisioned bool, err error) {
 	epoch := newEpoch()
 	req.Op, req.Epoch = agentproto.OpRestored, epoch
 	st, err := c.mux.Open(req.Encode())
 	if err != nil {
-		return err
+		return false, err
 	}
 	st.CloseWrite(nil)
 	if _, err := drain(ctx, st); err != nil {
 		st.Reset("host gave up on the handshake")
-		return fmt.Errorf("post-restore handshake: %w", AgentError(err))
+		return false, fmt.Errorf("post-restore handshake: %w", AgentError(err))
 	}
-	if want := fmt.Sprintf("ok %d", epoch); string(st.Status()) != want {
-		return fmt.Errorf("post-restore handshake: agent answered %q, want %q", truncate(string(st.Status()), 80), want)
+	ok := fmt.Sprintf("ok %d", epoch)
+	switch string(st.Status()) {
+	case ok + " " + agentproto.Provisioned:
+		provisioned = true
+	case ok:
+		if len(req.Secrets) > 0 {
+			return false, errors.New("post-restore handshake: the restored guest's agent predates secret delivery (agent protocol 7) and did not take the secrets; capture the snapshot again with this nether's guest image")
+		}
+	default:
+		return false, fmt.Errorf("post-restore handshake: agent answered %q, want %q", truncate(string(st.Status()), 80), ok)
 	}
 	c.mu.Lock()
 	c.epoch = epoch
 	c.mu.Unlock()
 	c.markUp()
-	return nil
+	return provisioned, nil
+}
+
+// Epoch is the session epoch the client stamps its requests with.
+func (c *Client) Epoch() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch
 }
 
 // PowerOff asks the agent to power the guest off and waits (until ctx

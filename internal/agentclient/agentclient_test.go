@@ -77,7 +77,7 @@ func TestHandshakeEpoch(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	c.WaitUp(ctx)
-	if err := c.Handshake(ctx, agentproto.Request{}); err != nil {
+	if _, err := c.Handshake(ctx, agentproto.Request{}); err != nil {
 		t.Fatal(err)
 	}
 	first := m.Epoch()
@@ -91,7 +91,7 @@ func TestHandshakeEpoch(t *testing.T) {
 	if _, err := io.ReadAll(st); err != nil {
 		t.Fatalf("a request after the handshake was refused: %v", err)
 	}
-	if err := c.Handshake(ctx, agentproto.Request{}); err != nil || m.Epoch() == first {
+	if _, err := c.Handshake(ctx, agentproto.Request{}); err != nil || m.Epoch() == first {
 		t.Fatalf("a second handshake: %v, epoch %d (was %d)", err, m.Epoch(), first)
 	}
 
@@ -99,7 +99,7 @@ func TestHandshakeEpoch(t *testing.T) {
 	short, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel2()
 	start := time.Now()
-	err = hung.Handshake(short, agentproto.Request{})
+	_, err = hung.Handshake(short, agentproto.Request{})
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 2*time.Second {
 		t.Fatalf("a handshake the agent never answers: %v after %s", err, time.Since(start))
 	}

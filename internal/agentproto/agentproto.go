@@ -51,7 +51,10 @@ import (
 // 6: OpRestored may carry RunAs, which narrows the guest's run_as policy
 // (an older agent would drop it and keep running commands as root), and
 // hello carries Problem.
-const Version = 6
+// 7: identity and secrets (OpProvision after a boot, Identity and Secrets
+// in OpRestored): an older agent would drop them, leaving a sandbox
+// without the secrets its admission supplied.
+const Version = 7
 
 // Text is a string carried byte for byte. JSON strings must be UTF-8, and
 // encoding/json replaces every byte that is not with U+FFFD, so a command
@@ -103,6 +106,11 @@ const (
 	// VM generation id of a running machine, which would do the same
 	// through the guest's vmgenid driver.
 	OpReseed = "reseed"
+	// OpProvision hands a booted guest its identity and secrets, host ->
+	// agent, after the hello and before any driving command: the agent
+	// writes /run/nether/identity and /run/secrets/NAME and answers
+	// "ok 0 provisioned". A restore carries the same in OpRestored.
+	OpProvision = "provision"
 )
 
 // The bounds of a reseed's Seed: at least a CRNG key's worth of
@@ -157,6 +165,13 @@ type Request struct {
 	// Seed is what a reseed mixes into the guest's entropy pool:
 	// MinSeed to MaxSeed random bytes.
 	Seed Text `json:"seed,omitempty"`
+	// Identity (provision, restored) is this boot's identity, written
+	// to /run/nether/identity; nil leaves the file as it is.
+	Identity *Identity `json:"identity,omitempty"`
+	// Secrets (provision, restored) replace /run/secrets. A fork's
+	// handshake always empties /run/secrets first: a child never keeps
+	// its parent's secrets, only those its own admission supplied.
+	Secrets map[string]Text `json:"secrets,omitempty"`
 }
 
 // Encode returns the request as stream metadata.
@@ -172,7 +187,15 @@ func Decode(b []byte) (Request, error) {
 		return r, fmt.Errorf("decoding agent request: %w", err)
 	}
 	switch r.Op {
-	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen, OpReseed:
+	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen, OpReseed, OpProvision:
+		if r.Identity != nil {
+			if err := r.Identity.Check(); err != nil {
+				return r, err
+			}
+		}
+		if err := CheckSecrets(r.Secrets); err != nil {
+			return r, err
+		}
 	case OpEgress:
 		if !ValidConn(r.Conn) {
 			return r, fmt.Errorf("egress stream with a malformed conn id %q", truncate(r.Conn, 40))

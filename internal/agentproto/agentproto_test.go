@@ -3,6 +3,7 @@ package agentproto
 import (
 	"errors"
 	"math"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -96,7 +97,7 @@ func TestEpochOnTheWire(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if back != tt.req {
+			if !reflect.DeepEqual(back, tt.req) {
 				t.Fatalf("round trip: got %+v, want %+v", back, tt.req)
 			}
 		})
@@ -144,7 +145,7 @@ func TestMaxOnTheWire(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if back != req {
+		if !reflect.DeepEqual(back, req) {
 			t.Errorf("round trip: got %+v, want %+v", back, req)
 		}
 	}

@@ -149,7 +149,7 @@ var table = []Spec{
 	{Name: "__shutdown__", Access: PrimaryOnly, Summary: "clean teardown; the process exits"},
 	{Name: "__snapshot__", Access: PrimaryOnly, Args: ArgRule{Max: 1, Synopsis: "[path]"}, Summary: "capture a base snapshot into the transfer jail and resume"},
 	{Name: "__park__", Access: PrimaryOnly, Args: ArgRule{Max: 1, Synopsis: "[path]"}, Summary: "capture a one-shot park snapshot, bill, and exit"},
-	{Name: "__claim__", Access: PrimaryOnly, Args: ArgRule{Min: 2, Max: 2, Synopsis: "<sandbox_id> <hostname>"}, Summary: "give this restored fork a new identity, once (a warm pool's hand-over)"},
+	{Name: "__claim__", Access: PrimaryOnly, Args: ArgRule{Min: 2, Max: 6, Synopsis: "<sandbox_id> <hostname> [node_id=ID] [boot_id=ID] [plan_digest=HEX] [token=T]"}, Summary: "give this restored fork a new identity, once (a warm pool's hand-over)"},
 	{Name: "__put__", Access: PrimaryOnly, Args: ArgRule{Min: 2, Max: 2, Synopsis: "<hostpath> <guestpath>"}, Summary: "push a host file (from the transfer jail) into the guest"},
 	{Name: "__get__", Access: PrimaryOnly, Args: ArgRule{Min: 2, Max: 2, Synopsis: "<guestpath> <hostpath>"}, Summary: "pull a guest file into the transfer jail"},
 	{Name: Shell, Access: PrimaryOnly, Summary: "run as a shell command in the guest"},

@@ -55,9 +55,9 @@ func TestParse(t *testing.T) {
 		{name: "events plus", line: "__events__ +1", wantErr: ErrArgs},
 		{name: "events word", line: "__events__ abc", wantErr: ErrArgs},
 		{name: "events two", line: "__events__ 1 2", wantErr: ErrArgs},
-		{name: "claim none", line: "__claim__", wantErr: ErrArgs, msg: "__claim__ takes exactly 2 arguments (<sandbox_id> <hostname>), got 0"},
+		{name: "claim none", line: "__claim__", wantErr: ErrArgs, msg: "__claim__ takes 2 to 6 arguments (<sandbox_id> <hostname> [node_id=ID] [boot_id=ID] [plan_digest=HEX] [token=T]), got 0"},
 		{name: "claim one", line: "__claim__ id", wantErr: ErrArgs},
-		{name: "claim three", line: "__claim__ id host extra", wantErr: ErrArgs},
+		{name: "claim seven", line: "__claim__ id host a=1 b=2 c=3 d=4 e=5", wantErr: ErrArgs},
 		{name: "claim forged trailer", line: "__claim__ id host\x1e0", wantErr: ErrFrameByte},
 		{name: "claim second line", line: "__claim__ id host\nrm -rf /", wantErr: ErrNewline},
 	}

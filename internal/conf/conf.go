@@ -117,6 +117,21 @@ type Config struct {
 	SandboxID string // 1..MaxSandboxID bytes of printable ASCII (0x21-0x7e)
 	Hostname  string // one DNS label: 1..MaxHostname of [A-Za-z0-9-], no '-' at either end
 
+	// The boot's identity, handed in by an orchestrator (nexus) that
+	// admitted it; "" when not given, and nether mints a BootID then.
+	// NodeID names the host, BootID this boot (restore, wake),
+	// PlanDigest the admitted plan (64 lowercase hex digits),
+	// IdentityToken the orchestrator's signed statement of all that,
+	// passed to the guest as it is.
+	NodeID        string
+	BootID        string
+	PlanDigest    string
+	IdentityToken string
+	// SecretsFD is a descriptor nether inherits, 0 = none: nether reads
+	// the sandbox's secrets from it once at start (agentproto's secrets
+	// encoding) and closes it, so they are never in a file.
+	SecretsFD int
+
 	// Set maps every key present in the file to its line number, so callers
 	// can tell explicit settings from defaults when reporting.
 	Set map[string]int
@@ -592,6 +607,34 @@ var fields = []field{
 	{"egress_socket",
 		func(c *Config, v string) string { return setSocket(&c.EgressSocket, c.Dir, v) },
 		func(c *Config) string { return c.EgressSocket }},
+	// The boot identity keys (an orchestrator's), last for the same reason.
+	{"node_id",
+		func(c *Config, v string) string { return setID(&c.NodeID, "node id", v) },
+		func(c *Config) string { return c.NodeID }},
+	{"boot_id",
+		func(c *Config, v string) string { return setID(&c.BootID, "boot id", v) },
+		func(c *Config) string { return c.BootID }},
+	{"plan_digest",
+		func(c *Config, v string) string {
+			if msg := checkDigest(v); msg != "" {
+				return msg
+			}
+			c.PlanDigest = v
+			return ""
+		},
+		func(c *Config) string { return c.PlanDigest }},
+	{"identity_token",
+		func(c *Config, v string) string {
+			if msg := checkPrintable(v, "identity token", MaxIdentityToken); msg != "" {
+				return msg
+			}
+			c.IdentityToken = v
+			return ""
+		},
+		func(c *Config) string { return c.IdentityToken }},
+	{"secrets_fd",
+		func(c *Config, v string) string { return setInt(&c.SecretsFD, v, 3, 1<<20) },
+		func(c *Config) string { return strconv.Itoa(c.SecretsFD) }},
 }
 
 // setSocket sets a Unix socket path, resolved against the launch
@@ -697,6 +740,51 @@ func checkSandboxID(v string) string {
 	for i, r := range v {
 		if r < 0x21 || r > 0x7e {
 			return fmt.Sprintf("%q contains %q at byte %d; a sandbox id is printable ASCII (0x21-0x7e) without spaces", v, r, i)
+		}
+	}
+	return ""
+}
+
+// setID takes a node or boot id: held to the sandbox id's rule, for the
+// same reasons (logs, the guest's identity file).
+func setID(dst *string, what, v string) string {
+	if msg := checkPrintable(v, what, MaxSandboxID); msg != "" {
+		return msg
+	}
+	*dst = v
+	return ""
+}
+
+// MaxIdentityToken bounds identity_token (a signed statement of a few
+// hundred bytes).
+const MaxIdentityToken = 2048
+
+// checkPrintable returns "" when v is 1..max bytes of printable ASCII
+// without spaces, else why not.
+func checkPrintable(v, what string, max int) string {
+	if v == "" {
+		return "a " + what + " cannot be empty"
+	}
+	if len(v) > max {
+		return fmt.Sprintf("%s is %d bytes long; at most %d are allowed", what, len(v), max)
+	}
+	for i, r := range v {
+		if r < 0x21 || r > 0x7e {
+			return fmt.Sprintf("%s contains %q at byte %d; printable ASCII (0x21-0x7e) without spaces only", what, r, i)
+		}
+	}
+	return ""
+}
+
+// checkDigest returns "" when v is a sha256 digest in hex (64 lowercase
+// digits), else why not.
+func checkDigest(v string) string {
+	if len(v) != 64 {
+		return fmt.Sprintf("plan digest %.70q is %d characters; want the 64 hex digits of a sha256", v, len(v))
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return fmt.Sprintf("plan digest %q holds %q at %d; want lowercase hex digits", v, c, i)
 		}
 	}
 	return ""

@@ -175,6 +175,13 @@ func TestParseKeys(t *testing.T) {
 		{"hostname 63 chars", "hostname = " + strings.Repeat("h", 63), func(t *testing.T, c *Config) {
 			eq(t, len(c.Hostname), 63)
 		}},
+		{"boot identity", "node_id = 01NODE\nboot_id = 01BOOT\nplan_digest = " + strings.Repeat("ab", 32) + "\nidentity_token = a.b\nsecrets_fd = 3", func(t *testing.T, c *Config) {
+			eq(t, c.NodeID, "01NODE")
+			eq(t, c.BootID, "01BOOT")
+			eq(t, c.PlanDigest, strings.Repeat("ab", 32))
+			eq(t, c.IdentityToken, "a.b")
+			eq(t, c.SecretsFD, 3)
+		}},
 		{"identity both", "sandbox_id = tenant/42:a\nhostname = tenant-42", func(t *testing.T, c *Config) {
 			eq(t, c.SandboxID, "tenant/42:a")
 			eq(t, c.Hostname, "tenant-42")
@@ -343,6 +350,11 @@ func TestParseErrors(t *testing.T) {
 		{"sandbox_id duplicate", "sandbox_id = a\nsandbox_id = a", 2, "sandbox_id", "duplicate key (first set on line 1)"},
 		{"hostname too long", "hostname = " + strings.Repeat("h", 64), 1, "hostname", "hostname is 64 bytes long; a hostname is one DNS label of at most 63 characters"},
 		{"hostname leading dash", "hostname = -box", 1, "hostname", `"-box" starts or ends with '-'`},
+		{"plan digest short", "plan_digest = abc", 1, "plan_digest", "want the 64 hex digits of a sha256"},
+		{"plan digest upper", "plan_digest = " + strings.Repeat("AB", 32), 1, "plan_digest", "want lowercase hex digits"},
+		{"boot id non-ascii", "boot_id = aéb", 1, "boot_id", "printable ASCII"},
+		{"token too long", "identity_token = " + strings.Repeat("t", MaxIdentityToken+1), 1, "identity_token", "at most 2048"},
+		{"secrets fd stdio", "secrets_fd = 2", 1, "secrets_fd", ""},
 		{"hostname trailing dash", "hostname = box-", 1, "hostname", `"box-" starts or ends with '-'`},
 		{"hostname only dash", "hostname = -", 1, "hostname", "starts or ends with '-'"},
 		{"hostname underscore", "hostname = my_box", 1, "hostname", `"my_box" contains '_'; a hostname (DNS label) holds only letters, digits and '-'`},
@@ -661,6 +673,11 @@ func TestReport(t *testing.T) {
 		"data_rate_kbps=0",
 		"egress_port=0",
 		"egress_socket=",
+		"node_id=",
+		"boot_id=",
+		"plan_digest=",
+		"identity_token=",
+		"secrets_fd=0",
 	}
 	if got := c.Report(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("Report =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))

@@ -18,3 +18,16 @@ func problem(msg string) error {
 	}
 	return errors.New(msg)
 }
+
+// CheckNodeID and CheckBootID are the node_id and boot_id rules, for a
+// boot identity a __claim__ hands in.
+func CheckNodeID(v string) error { return problem(checkPrintable(v, "node id", MaxSandboxID)) }
+func CheckBootID(v string) error { return problem(checkPrintable(v, "boot id", MaxSandboxID)) }
+
+// CheckPlanDigest is the plan_digest rule.
+func CheckPlanDigest(v string) error { return problem(checkDigest(v)) }
+
+// CheckIdentityToken is the identity_token rule.
+func CheckIdentityToken(v string) error {
+	return problem(checkPrintable(v, "identity token", MaxIdentityToken))
+}

@@ -20,7 +20,11 @@ func TestClaimCommand(t *testing.T) {
 		{"success", "__claim__ user-1 host-1", "OK claimed user-1 host-1\n\x1e0\n"},
 		// The backend's reason goes out on one line, whatever it holds.
 		{"refused", "__claim__ fail host-2", "ERR claim: only a fork of a base can be claimed; this sandbox booted\n\x1e-1\n"},
-		{"one argument", "__claim__ user-3", "ERR __claim__ takes exactly 2 arguments (<sandbox_id> <hostname>), got 1\n\x1e-1\n"},
+		{"one argument", "__claim__ user-3", "ERR __claim__ takes 2 to 6 arguments (<sandbox_id> <hostname> [node_id=ID] [boot_id=ID] [plan_digest=HEX] [token=T]), got 1\n\x1e-1\n"},
+		{"boot identity", "__claim__ user-5 host-5 boot_id=B1 token=t.s", "OK claimed user-5 host-5\n\x1e0\n"},
+		{"unknown key", "__claim__ user-6 host-6 secret=x", "ERR claim: unknown claim key \"secret\" (want node_id, boot_id, plan_digest, token)\n\x1e-1\n"},
+		{"not key=value", "__claim__ user-7 host-7 B1", "ERR claim: \"B1\": want key=value (node_id, boot_id, plan_digest, token)\n\x1e-1\n"},
+		{"twice", "__claim__ user-8 host-8 boot_id=a boot_id=b", "ERR claim: boot_id given twice\n\x1e-1\n"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -38,7 +42,7 @@ func TestClaimCommand(t *testing.T) {
 	fb.mu.Lock()
 	got := slices.Clone(fb.captures)
 	fb.mu.Unlock()
-	if want := []string{"claim user-1 host-1", "claim fail host-2"}; !slices.Equal(got, want) {
+	if want := []string{"claim user-1 host-1", "claim fail host-2", "claim user-5 host-5 B1"}; !slices.Equal(got, want) {
 		t.Fatalf("the backend was asked %q, want %q", got, want)
 	}
 	if n := fb.waitCalls.Load(); n != 0 {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -266,12 +267,13 @@ func (f *fakeBackend) FinishPark() { f.parks.Add(1) }
 // Claim succeeds unless the sandbox id is "fail"; it records what it was
 // given. It never waits for the agent: the session decides whether a
 // sandbox is ready to be claimed.
-func (f *fakeBackend) Claim(ctx context.Context, sandboxID, hostname string) (string, error) {
+func (f *fakeBackend) Claim(ctx context.Context, c ClaimRequest) (string, error) {
+	sandboxID, hostname := c.SandboxID, c.Hostname
 	if f.record("Claim", ctx) {
 		return "", f.wait(ctx)
 	}
 	f.mu.Lock()
-	f.captures = append(f.captures, "claim "+sandboxID+" "+hostname)
+	f.captures = append(f.captures, strings.TrimSpace("claim "+sandboxID+" "+hostname+" "+c.BootID))
 	f.mu.Unlock()
 	if sandboxID == "fail" {
 		return "", errors.New("only a fork of a base can be claimed;\nthis sandbox booted")

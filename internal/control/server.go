@@ -81,9 +81,10 @@ type Backend interface {
 	Park(ctx context.Context, path string) (string, error)
 	FinishPark()
 	// Claim gives a restored fork the identity a warm pool hands it
-	// (sandbox id, hostname; the backend adds what goes with them) and
-	// returns the OK line; it refuses, saying why, anything else.
-	Claim(ctx context.Context, sandboxID, hostname string) (string, error)
+	// (sandbox id, hostname, and optionally the boot identity; the
+	// backend adds what goes with them) and returns the OK line; it
+	// refuses, saying why, anything else.
+	Claim(ctx context.Context, c ClaimRequest) (string, error)
 	// Screen renders the console's terminal (__screen__), and ScreenDiff
 	// the rows changed since v was last used (__screendiff__).
 	Screen() ([]byte, error)

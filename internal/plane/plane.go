@@ -8,7 +8,14 @@
 // nether dials the platform's egress_socket for it, writing one preamble
 // line before any tenant byte:
 //
-//	NETHER-EGRESS v1 conn=<id> resume=<0|1>
+//	NETHER-EGRESS v1 conn=<id> resume=<0|1> boot=<boot_id>
+//
+// boot names the sandbox's boot (restore, wake, claim) the connection
+// belongs to, so a platform can tell a fork's connections from its
+// parent's, and a woken park's revived ones from those of the boot that
+// opened them. It came after v1's first two fields: a reader of v1 takes
+// the fields as key=value words and ignores one it does not know. boot is
+// left out when nether has none to give (a Config without BootID).
 //
 // An egress stream is guest memory, so it survives a park: the woken
 // sandbox re-dials egress_socket for it with resume=1, and whatever the
@@ -46,13 +53,17 @@ import (
 const MaxConns = 48
 
 // Preamble is the line nether writes to the platform's egress socket
-// before any tenant byte.
-func Preamble(conn string, resume bool) string {
+// before any tenant byte; boot is the sandbox's boot id ("" leaves the
+// field out).
+func Preamble(conn string, resume bool, boot string) string {
 	r := 0
 	if resume {
 		r = 1
 	}
-	return fmt.Sprintf("NETHER-EGRESS v1 conn=%s resume=%d\n", conn, r)
+	if boot == "" {
+		return fmt.Sprintf("NETHER-EGRESS v1 conn=%s resume=%d\n", conn, r)
+	}
+	return fmt.Sprintf("NETHER-EGRESS v1 conn=%s resume=%d boot=%s\n", conn, r, boot)
 }
 
 // Config is what the planes need from the session.
@@ -63,6 +74,10 @@ type Config struct {
 	MaxConns     int    // both planes together (default and ceiling MaxConns)
 	IdleMS       int64  // a data connection idle both ways this long is reaped; 0 = off
 	RateKbps     int64  // guest -> host, all connections together; 0 = unlimited
+
+	// BootID is the sandbox's current boot id, for the egress preamble
+	// (nil or "": no boot field).
+	BootID func() string
 
 	// Connect opens a data-plane stream to the guest's 127.0.0.1:port
 	// (once the agent is up).
@@ -250,7 +265,11 @@ func (p *Planes) Egress(s *channel.Stream, req agentproto.Request, resume bool) 
 			return
 		}
 		c.SetWriteDeadline(time.Now().Add(p.cfg.dialTimeout))
-		_, err = io.WriteString(c, Preamble(req.Conn, resume))
+		boot := ""
+		if p.cfg.BootID != nil {
+			boot = p.cfg.BootID()
+		}
+		_, err = io.WriteString(c, Preamble(req.Conn, resume, boot))
 		c.SetWriteDeadline(time.Time{})
 		if err != nil {
 			p.egressFailed.Add(1)
@@ -259,7 +278,7 @@ func (p *Planes) Egress(s *channel.Stream, req agentproto.Request, resume bool) 
 			p.warn("egress plane: writing the preamble failed", "conn", req.Conn, "err", err)
 			return
 		}
-		p.log.Info("egress connection bridged", "conn", req.Conn, "resume", resume)
+		p.log.Info("egress connection bridged", "conn", req.Conn, "resume", resume, "boot", boot)
 		p.run(b, 0) // exempt from data_idle_ms: waiting is an egress connection's normal state
 	}()
 }

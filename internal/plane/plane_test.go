@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -285,13 +286,15 @@ func (r *rig) guestEgress(t *testing.T, id string, resume bool) *channel.Stream 
 func TestEgress(t *testing.T) {
 	dir := t.TempDir()
 	e := newEgress(t, dir)
-	r := newRig(t, Config{EgressSocket: filepath.Join(dir, "egress.sock"), IdleMS: 50})
+	r := newRig(t, Config{EgressSocket: filepath.Join(dir, "egress.sock"), IdleMS: 50,
+		BootID: func() string { return "01BOOT" }})
 	for _, resume := range []bool{false, true} {
 		gs := r.guestEgress(t, "0123456789abcdef", resume)
 		pc := <-e.conns
 		br := bufio.NewReader(pc)
 		line, err := br.ReadString('\n')
-		if err != nil || line != Preamble("0123456789abcdef", resume) {
+		want := fmt.Sprintf("NETHER-EGRESS v1 conn=0123456789abcdef resume=%d boot=01BOOT\n", map[bool]int{false: 0, true: 1}[resume])
+		if err != nil || line != want || line != Preamble("0123456789abcdef", resume, "01BOOT") {
 			t.Fatalf("preamble %q, %v", line, err)
 		}
 		gs.Write([]byte("GET /slow\n"))
@@ -340,5 +343,12 @@ func TestEgressRefusals(t *testing.T) {
 				t.Fatalf("egress failures %d, want 1", s.EgressFailed)
 			}
 		})
+	}
+}
+
+// Without a boot id the preamble is v1's first form, field for field.
+func TestPreambleWithoutBoot(t *testing.T) {
+	if got := Preamble("0123456789abcdef", true, ""); got != "NETHER-EGRESS v1 conn=0123456789abcdef resume=1\n" {
+		t.Fatalf("Preamble = %q", got)
 	}
 }

@@ -152,6 +152,10 @@ func (s *Session) Info() string {
 		{"console_log_max_bytes", s.cfg.ConsoleLogMaxBytes},
 		{"x402", onOff[s.cfg.X402]},
 		{"agent", agent},
+		{"node_id", dash(v.boot.nodeID)},
+		{"boot_id", dash(v.boot.bootID)},
+		{"plan_digest", dash(v.boot.planDigest)},
+		{"session_epoch", s.sessionEpoch()},
 	} {
 		fmt.Fprintf(&b, "%s=%v\n", kv[0], kv[1])
 	}
@@ -163,4 +167,16 @@ func orRoot(user string) string {
 		return "root"
 	}
 	return user
+}
+
+// sessionEpoch is the agent session's epoch in hex ("-" before the
+// machine is installed): new at every restore and claim, so a parent and
+// its fork never share one.
+func (s *Session) sessionEpoch() string {
+	select {
+	case <-s.ready:
+		return fmt.Sprintf("%016x", s.agent.Epoch())
+	default:
+		return "-"
+	}
 }

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/internal/control"
 	"github.com/nethersandbox/nether/internal/meter"
 	"github.com/nethersandbox/nether/internal/snapshot"
 )
@@ -27,13 +30,18 @@ import (
 // parent is still the base.
 
 // Claim implements control.Backend.
-func (s *Session) Claim(ctx context.Context, sandboxID, hostname string) (string, error) {
+func (s *Session) Claim(ctx context.Context, c control.ClaimRequest) (string, error) {
 	began := time.Now()
+	sandboxID, hostname := c.SandboxID, c.Hostname
 	if err := conf.CheckSandboxID(sandboxID); err != nil {
 		return "", fmt.Errorf("sandbox_id: %w", err)
 	}
 	if err := conf.CheckHostname(hostname); err != nil {
 		return "", fmt.Errorf("hostname: %w", err)
+	}
+	boot, err := claimedBoot(c, s.getView().boot)
+	if err != nil {
+		return "", err
 	}
 	if err := s.claimable(ctx); err != nil {
 		return "", err
@@ -65,7 +73,7 @@ func (s *Session) Claim(ctx context.Context, sandboxID, hostname string) (string
 	// costs nothing.)
 	seedStart := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, s.opt.HandshakeTimeout)
-	err := s.agent.Reseed(rctx, randomBytes(agentproto.MinSeed))
+	err = s.agent.Reseed(rctx, randomBytes(agentproto.MinSeed))
 	cancel()
 	if err != nil {
 		return "", err
@@ -76,8 +84,11 @@ func (s *Session) Claim(ctx context.Context, sandboxID, hostname string) (string
 	hctx, cancel := context.WithTimeout(ctx, s.opt.HandshakeTimeout)
 	defer cancel()
 	mac := s.newGuestMAC()
-	req := agentproto.Request{Fork: true, Hostname: hostname, MachineID: randomHex(16), MAC: macText(mac)}
-	err = s.agent.Handshake(hctx, req)
+	req := agentproto.Request{Fork: true, Hostname: hostname, MachineID: randomHex(16), MAC: macText(mac),
+		Identity: &agentproto.Identity{NodeID: boot.nodeID, VMID: sandboxID, BootID: boot.bootID,
+			PlanDigest: boot.planDigest, Token: boot.token}}
+	var provisioned bool
+	provisioned, err = s.agent.Handshake(hctx, req)
 	if err == nil {
 		err = s.tookMAC(mac)
 	}
@@ -94,15 +105,17 @@ func (s *Session) Claim(ctx context.Context, sandboxID, hostname string) (string
 		return "", fmt.Errorf("the guest did not take its new identity (%v); the sandbox is ending", err)
 	}
 	hsTook := time.Since(hsStart)
+	s.logProvisioned(provisioned, req)
 	s.setView(func(v *view) {
 		v.identity.SandboxID, v.identity.Hostname = sandboxID, hostname
+		v.boot = boot
 		v.claimed = true
 	})
 	reset := s.resetPlaneConns()
 	took := time.Since(began)
 	s.life("claimed sandbox=%s hostname=%s", sandboxID, hostname)
 	s.log.Info("claimed", "sandbox", sandboxID, "hostname", hostname, "was", was.identity.SandboxID,
-		"claim_ms", ms(took), "reseed_ms", ms(seedTook), "handshake_ms", ms(hsTook), "plane_conns_reset", reset)
+		"boot", boot.bootID, "claim_ms", ms(took), "reseed_ms", ms(seedTook), "handshake_ms", ms(hsTook), "plane_conns_reset", reset)
 	return fmt.Sprintf("OK claimed %s %s", sandboxID, hostname), nil
 }
 
@@ -157,3 +170,37 @@ func (s *Session) resetPlaneConns() int {
 
 // ms is d in milliseconds with microsecond precision, for logs.
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// claimedBoot is the boot identity a claim gives: what the claim hands
+// in, held to nether.conf's rules for the same keys, and a boot id of its
+// own when none is handed in: a claim is a new boot of the sandbox, and
+// it never keeps the pool member's. The node is the host's: kept when
+// the claim does not name it.
+func claimedBoot(c control.ClaimRequest, was bootIdentity) (bootIdentity, error) {
+	b := bootIdentity{nodeID: was.nodeID, bootID: c.BootID, planDigest: c.PlanDigest, token: c.Token}
+	if c.NodeID != "" {
+		if err := conf.CheckNodeID(c.NodeID); err != nil {
+			return b, fmt.Errorf("node_id: %w", err)
+		}
+		b.nodeID = c.NodeID
+	}
+	if b.bootID == "" {
+		b.bootID = ulid.Make().String()
+	} else if err := conf.CheckBootID(b.bootID); err != nil {
+		return b, fmt.Errorf("boot_id: %w", err)
+	}
+	if b.bootID == was.bootID {
+		return b, fmt.Errorf("boot_id %s is the pool member's own; a claim is a new boot", b.bootID)
+	}
+	if b.planDigest != "" {
+		if err := conf.CheckPlanDigest(b.planDigest); err != nil {
+			return b, fmt.Errorf("plan_digest: %w", err)
+		}
+	}
+	if b.token != "" {
+		if err := conf.CheckIdentityToken(b.token); err != nil {
+			return b, fmt.Errorf("token: %w", err)
+		}
+	}
+	return b, nil
+}

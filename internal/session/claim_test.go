@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -117,6 +118,17 @@ func TestClaimFork(t *testing.T) {
 		t.Errorf("the agent reseeded with %q, want once with %d bytes", seeds, agentproto.MinSeed)
 	}
 	got := infoOf(t, c)
+	// A claim is a new boot: its own boot id and session, in __info__
+	// and in the guest's /run/nether/identity.
+	if got["boot_id"] == info["boot_id"] || got["boot_id"] == "-" || m.Identity().BootID != got["boot_id"] {
+		t.Errorf("boot_id went from %q to %q (guest holds %q), want a new one the guest holds", info["boot_id"], got["boot_id"], m.Identity().BootID)
+	}
+	if m.Identity().VMID != "user-42" {
+		t.Errorf("the guest's identity names vm %q, want user-42", m.Identity().VMID)
+	}
+	if got["session_epoch"] != fmt.Sprintf("%016x", after.epoch) || got["session_epoch"] == info["session_epoch"] {
+		t.Errorf("session_epoch went from %q to %q, want the agent's new %016x", info["session_epoch"], got["session_epoch"], after.epoch)
+	}
 	for k, want := range map[string]string{
 		"sandbox_id": "user-42", "hostname": "host-42", "claimed": "1",
 		"parent": baseID, "generation": "1", "snapshot": base,
@@ -131,7 +143,7 @@ func TestClaimFork(t *testing.T) {
 	if ev := mustRun(t, c, "__events__"); !regexp.MustCompile(`(?m)^\d+ \d+ LIFE claimed sandbox=user-42 hostname=host-42$`).MatchString(ev) {
 		t.Errorf("the timeline lacks the claim:\n%s", ev)
 	}
-	if !regexp.MustCompile(`msg=claimed sandbox=user-42 hostname=host-42 was=\S+ claim_ms=[0-9.]+ reseed_ms=[0-9.]+ handshake_ms=[0-9.]+`).MatchString(sb.logs.String()) {
+	if !regexp.MustCompile(`msg=claimed sandbox=user-42 hostname=host-42 was=\S+ boot=\S+ claim_ms=[0-9.]+ reseed_ms=[0-9.]+ handshake_ms=[0-9.]+`).MatchString(sb.logs.String()) {
 		t.Errorf("the log lacks the claim and its timings:\n%s", sb.logs.String())
 	}
 

@@ -206,9 +206,9 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	return nil
 }
 
-// bootIdentity is who a booted sandbox is: handed in by nether.conf, or
+// sandboxIdentity is who a booted sandbox is: handed in by nether.conf, or
 // minted. (A restore derives its identity from the artifact.)
-func bootIdentity(cfg *conf.Config) snapshot.Identity {
+func sandboxIdentity(cfg *conf.Config) snapshot.Identity {
 	id := cfg.SandboxID
 	if id == "" {
 		id = ulid.Make().String()
@@ -232,6 +232,9 @@ func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components) 
 	mux.Attach(m.Channel(), false)
 	s.machine, s.mux, s.comps = m, mux, comps
 	s.agent = agentclient.New(s.log, mux, 0)
+	if !s.cfg.Restore {
+		s.agent.SetProvision(s.provisionRequest())
+	}
 	if s.planes != nil {
 		s.agent.Handle(agentproto.OpEgress, s.serveEgress)
 	}
@@ -384,7 +387,11 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 	}
 	hctx, cancel := context.WithTimeout(ctx, s.opt.HandshakeTimeout)
 	defer cancel()
-	req := agentproto.Request{Fork: fork, MachineID: machineID, RunAs: s.getView().runAs}
+	req := s.provisionRequest()
+	req.Fork, req.MachineID, req.RunAs = fork, machineID, s.getView().runAs
+	// (A woken park, the same sandbox, keeps the secrets it parked with
+	// unless its wake supplied new ones: req.Secrets is nil then. A
+	// fork's handshake empties /run/secrets whatever it carries.)
 	var mac net.HardwareAddr
 	if fork {
 		mac = s.newGuestMAC()
@@ -393,12 +400,14 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 	if fork || next.Hostname != captured.Hostname {
 		req.Hostname = next.Hostname
 	}
-	if err := s.agent.Handshake(hctx, req); err != nil {
+	provisioned, err := s.agent.Handshake(hctx, req)
+	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
 			return fmt.Errorf("the restored guest's agent did not answer the handshake within %s", s.opt.HandshakeTimeout)
 		}
 		return err
 	}
+	s.logProvisioned(provisioned, req)
 	if err := s.tookMAC(mac); err != nil {
 		return err
 	}

@@ -81,6 +81,7 @@ func (s *Session) startPlanes() error {
 		IdleMS:       s.cfg.DataIdleMS,
 		RateKbps:     s.cfg.DataRateKbps,
 		Connect:      s.connectPlane,
+		BootID:       func() string { return s.getView().boot.bootID },
 		In:           s.meter.In,
 		Out:          s.meter.Out,
 		Active: func() {

@@ -24,7 +24,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/oklog/ulid/v2"
+
 	"github.com/nethersandbox/nether/internal/agentclient"
+	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/cmdlog"
 	"github.com/nethersandbox/nether/internal/conf"
@@ -93,6 +96,10 @@ type Options struct {
 	// observation costs (bench/observe builds nether with the
 	// nether_unobserved tag); a platform has no reason to set it.
 	Unobserved bool
+	// Secrets are the sandbox's secrets (read from nether.conf's
+	// secrets_fd), delivered to the guest's /run/secrets after the boot
+	// or in the restore handshake, before the first command.
+	Secrets map[string]agentproto.Text
 	// installed, when set, is called with the session once its machine
 	// is installed: the unit tests' way to the channel, to send what a
 	// host of an older session would. Nothing else sets it.
@@ -169,6 +176,14 @@ type view struct {
 	claimed  bool   // a __claim__ gave this fork its identity
 	runAs    string // the guest's run_as policy: "" = root
 	disk     string // the persistent disk's host file, "" without one
+	boot     bootIdentity
+}
+
+// bootIdentity is what identifies this boot (restore, wake, claim) of
+// the sandbox beyond its id: never captured, handed to the guest fresh
+// each time (agentproto.Identity).
+type bootIdentity struct {
+	nodeID, bootID, planDigest, token string
 }
 
 // errStopping is the cause of the root context's cancellation.
@@ -192,7 +207,11 @@ func Run(opt Options) int {
 	s.meter = meter.New(opt.Now, s.cfg.RAMMB, s.cfg.CPUs)
 	// Who the sandbox is is known before anything starts, so __info__
 	// says it from the first moment.
-	s.view.identity = bootIdentity(s.cfg)
+	s.view.identity = sandboxIdentity(s.cfg)
+	s.view.boot = bootIdentity{nodeID: s.cfg.NodeID, bootID: s.cfg.BootID, planDigest: s.cfg.PlanDigest, token: s.cfg.IdentityToken}
+	if s.view.boot.bootID == "" {
+		s.view.boot.bootID = ulid.Make().String()
+	}
 	if !s.cfg.Restore {
 		s.view.disk = s.cfg.Disk
 		if s.cfg.RunAs != "root" {

@@ -229,6 +229,10 @@ type Machine struct {
 	// seeds are the seeds of the reseed requests the agent served, in
 	// order.
 	seeds [][]byte
+	// identity and secrets are what the last provision or handshake
+	// handed the agent (/run/nether/identity, /run/secrets).
+	identity agentproto.Identity
+	secrets  map[string]agentproto.Text
 
 	// The NIC's frame channel (nil without Spec.NIC): a new pair for
 	// every machine, a restore's too, as QEMU's.
@@ -431,6 +435,34 @@ func (m *Machine) Epoch() uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.epoch
+}
+
+// provision takes what req hands the guest, as the real agent does: a
+// fork's handshake empties the secrets first. Called with m.mu held.
+func (m *Machine) provision(req agentproto.Request, wipe bool) {
+	if wipe || req.Secrets != nil {
+		m.secrets = nil
+	}
+	if req.Secrets != nil {
+		m.secrets = req.Secrets
+	}
+	if req.Identity != nil {
+		m.identity = *req.Identity
+	}
+}
+
+// Identity is /run/nether/identity as the guest's agent last wrote it.
+func (m *Machine) Identity() agentproto.Identity {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.identity
+}
+
+// Secrets are /run/secrets as the guest's agent last wrote them.
+func (m *Machine) Secrets() map[string]agentproto.Text {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.secrets
 }
 
 // File returns a file the guest holds.
@@ -686,6 +718,7 @@ func (m *Machine) serve(st *channel.Stream) {
 		}
 		// As the real agent: a handshake sets what it carries (a fork's
 		// hostname and machine-id) and the epoch.
+		old := m.fault().OldAgent
 		m.mu.Lock()
 		m.epoch = req.Epoch
 		if req.Hostname != "" {
@@ -694,8 +727,18 @@ func (m *Machine) serve(st *channel.Stream) {
 		if req.MachineID != "" {
 			m.machineID = req.MachineID
 		}
+		status := fmt.Sprintf("ok %d", req.Epoch)
+		if !old && (req.Fork || req.Identity != nil || req.Secrets != nil) {
+			m.provision(req, req.Fork)
+			status += " " + agentproto.Provisioned
+		}
 		m.mu.Unlock()
-		st.CloseWrite([]byte(fmt.Sprintf("ok %d", req.Epoch)))
+		st.CloseWrite([]byte(status))
+	case agentproto.OpProvision:
+		m.mu.Lock()
+		m.provision(req, false)
+		m.mu.Unlock()
+		st.CloseWrite([]byte("ok 0 " + agentproto.Provisioned))
 	case agentproto.OpReseed:
 		if m.fault().OldAgent {
 			st.Reset(fmt.Sprintf("unknown agent operation %q", req.Op))
