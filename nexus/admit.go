@@ -89,6 +89,9 @@ func (n *Nexus) admit(op string, sb *Sandbox, img func() (imageOf, error), fork 
 	if err != nil {
 		return refuse(err)
 	}
+	if bad := unlistedSecrets(n.secretNames(), v.Plan.Secrets); len(bad) > 0 {
+		return refuse(fmt.Errorf("secrets %s: the plan does not list them (it lists %s)", strings.Join(bad, ", "), orNone(v.Plan.Secrets)))
+	}
 	if p := v.Plan.Image; p != nil && (p.Kernel != "" || p.RootImage != "") {
 		have, err := img()
 		if err != nil {

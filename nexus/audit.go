@@ -40,7 +40,7 @@ func (n *Nexus) audit(event string, sb *Sandbox, snapshot string, err error) {
 func sandboxRecord(event string, sb *Sandbox, snapshot string) *store.AuditRecord {
 	rec := &store.AuditRecord{Event: event, Snapshot: snapshot}
 	if sb != nil {
-		rec.Sandbox, rec.Parent = sb.ID, sb.Parent
+		rec.Sandbox, rec.Parent, rec.Boot, rec.Plan = sb.ID, sb.Parent, sb.Boot, sb.Plan
 		if snapshot == "" {
 			rec.Snapshot = sb.Snapshot
 		}

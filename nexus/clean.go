@@ -43,6 +43,9 @@ func (n *Nexus) SnapshotCreateClean(ctx context.Context, ref, name string) (*Sna
 // __stats__).
 func cleanRefusal(sb *Sandbox, plan *trust.Plan, stats map[string]int64) string {
 	var why []string
+	if len(sb.Secrets) > 0 {
+		why = append(why, "it holds secrets ("+strings.Join(sb.Secrets, ", ")+")")
+	}
 	if plan != nil && len(plan.Secrets) > 0 {
 		why = append(why, "its plan hands it secrets ("+strings.Join(plan.Secrets, ", ")+")")
 	}

@@ -18,6 +18,7 @@ func TestCleanRefusal(t *testing.T) {
 	}{
 		{"nothing of a tenant's", Sandbox{}, nil, quiet, ""},
 		{"an admitted sandbox without grants", Sandbox{}, &trust.Plan{Grants: trust.Grants{MaxDescendants: 4}}, quiet, ""},
+		{"secrets delivered unadmitted", Sandbox{Secrets: []string{"DB", "KEY"}}, nil, quiet, "it holds secrets (DB, KEY)"},
 		{"secrets in its plan", Sandbox{}, &trust.Plan{Secrets: []string{"API_KEY"}}, quiet, "its plan hands it secrets (API_KEY)"},
 		{"a plane granted", Sandbox{}, &trust.Plan{Grants: trust.Grants{Egress: true}}, quiet, "its plan grants it a data or egress plane"},
 		{"an app port", Sandbox{Config: Config{AppPort: 8080}}, nil, quiet, "app_port"},

@@ -112,7 +112,9 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	// fork whose run_as or plan changes them restores cold.
 	var kids []*Sandbox
 	var claimed []*Sandbox
-	if !req.NoPool && cfg == base {
+	// Nor does a fork given secrets: a claim hands over an identity, and
+	// secrets travel only in a restore's handshake.
+	if !req.NoPool && cfg == base && len(n.secrets) == 0 {
 		if claimed, err = n.claimFromPool(ctx, snap, names, plan); err != nil {
 			return nil, err
 		}

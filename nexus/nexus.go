@@ -60,9 +60,10 @@ type Nexus struct {
 	readyTimeout          time.Duration
 	leaseWait             time.Duration
 	self                  string
-	node                  string       // this state directory's node id (audit.go)
-	plan                  []byte       // the signed plan the next operations are admitted under (admit.go)
-	admitted              *admittedRun // what that plan admitted already
+	node                  string            // this state directory's node id (audit.go)
+	plan                  []byte            // the signed plan the next operations are admitted under (admit.go)
+	admitted              *admittedRun      // what that plan admitted already
+	secrets               map[string][]byte // the secrets the next operations deliver (identity.go)
 }
 
 // DefaultStateDir is --state-dir's default: NEXUS_STATE_DIR, else

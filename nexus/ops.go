@@ -256,16 +256,35 @@ func (e *settingError) Unwrap() error { return e.err }
 
 // launch writes the sandbox's nether.conf and starts its nether, then
 // waits until the guest's agent answers.
+//
+// Every launch is a new boot of the sandbox: a boot id of its own and an
+// identity token for it (identity.go), and the secrets this operation
+// was given, which nether reads from an inherited memory file.
 func (n *Nexus) launch(ctx context.Context, sb *Sandbox, restoreFrom string) error {
 	dir := n.sandboxDir(sb.ID)
-	if err := os.WriteFile(filepath.Join(dir, conf.FileName), []byte(n.confText(sb, restoreFrom)), 0o600); err != nil {
-		return err
-	}
-	pid, start, err := n.spawn(dir)
+	wake := restoreFrom != "" && restoreFrom == sb.Park
+	boot := newID()
+	ident, err := n.bootLines(sb, boot)
 	if err != nil {
 		return err
 	}
-	sb.PID, sb.PIDStart = pid, start
+	secrets, err := n.secretsFile()
+	if err != nil {
+		return err
+	}
+	text := n.confText(sb, restoreFrom) + ident
+	if secrets != nil {
+		defer secrets.Close()
+		text += "secrets_fd = 3\n" // the child's first ExtraFiles descriptor
+	}
+	if err := os.WriteFile(filepath.Join(dir, conf.FileName), []byte(text), 0o600); err != nil {
+		return err
+	}
+	pid, start, err := n.spawn(dir, secrets)
+	if err != nil {
+		return err
+	}
+	sb.PID, sb.PIDStart, sb.Boot = pid, start, boot
 	// The pid goes into the record at once: a nexus that dies from here
 	// on leaves a nether its successor knows.
 	if err := n.db.Update(func(tx *store.Tx) error {
@@ -273,13 +292,17 @@ func (n *Nexus) launch(ctx context.Context, sb *Sandbox, restoreFrom string) err
 		if err != nil {
 			return err
 		}
-		cur.PID, cur.PIDStart = pid, start
+		cur.PID, cur.PIDStart, cur.Boot = pid, start, boot
 		return tx.PutSandbox(cur)
 	}); err != nil {
 		terminate(pid, start, 10*time.Second)
 		return err
 	}
-	return n.waitReady(ctx, sb)
+	if err := n.waitReady(ctx, sb); err != nil {
+		return err
+	}
+	n.delivered(sb, wake)
+	return nil
 }
 
 // waitReady waits until the sandbox's agent is connected, its nether

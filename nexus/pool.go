@@ -162,9 +162,22 @@ func (n *Nexus) claimFromPool(ctx context.Context, snap *Snapshot, names []strin
 		t0 := time.Now()
 		sb.Name, sb.Pool, sb.Plan = name, "", plan
 		sb.Hostname = hostnameFor(sb)
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, err = n.control(cctx, sb, "__claim__ "+sb.ID+" "+sb.Hostname)
-		cancel()
+		// A claim is a new boot of the member: its own boot id and token.
+		prevBoot := sb.Boot
+		sb.Boot = newID()
+		var tok string
+		if tok, err = n.identityToken(sb, sb.Boot); err == nil {
+			line := fmt.Sprintf("__claim__ %s %s node_id=%s boot_id=%s token=%s", sb.ID, sb.Hostname, n.node, sb.Boot, tok)
+			if sb.Plan != "" {
+				line += " plan_digest=" + sb.Plan
+			}
+			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err = n.control(cctx, sb, line)
+			cancel()
+		}
+		if err != nil {
+			sb.Boot = prevBoot
+		}
 		n.audit(evClaim, sb, "", err)
 		if err != nil {
 			// A member that cannot be claimed is no member: remove it,

@@ -22,8 +22,9 @@ const (
 )
 
 // spawn starts nether in dir (which holds its nether.conf) and returns
-// its pid and the start time the kernel gave it.
-func (n *Nexus) spawn(dir string) (int, uint64, error) {
+// its pid and the start time the kernel gave it. secrets, when set, is
+// the child's descriptor 3 (nether.conf's secrets_fd).
+func (n *Nexus) spawn(dir string, secrets *os.File) (int, uint64, error) {
 	out, err := os.OpenFile(filepath.Join(dir, outFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
 		return 0, 0, err
@@ -40,6 +41,9 @@ func (n *Nexus) spawn(dir string) (int, uint64, error) {
 	cmd.Env = os.Environ()
 	if n.guestDir != "" {
 		cmd.Env = append(cmd.Env, "NETHER_GUEST_DIR="+n.guestDir)
+	}
+	if secrets != nil {
+		cmd.ExtraFiles = []*os.File{secrets}
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {

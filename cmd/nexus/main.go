@@ -43,6 +43,7 @@ type app struct {
 	asJSON   bool
 	verbose  bool
 	planFile string
+	secrets  []string // --secret NAME=value or NAME=@file
 	n        *nexus.Nexus
 	// exit is the code a command wants (exec: the guest command's).
 	exit int
@@ -107,7 +108,43 @@ func (a *app) open(cmd *cobra.Command) error {
 		}
 		a.n = n.WithPlan(b)
 	}
+	if len(a.secrets) > 0 {
+		m, err := parseSecrets(a.secrets)
+		if err != nil {
+			return usageError{err}
+		}
+		a.n = a.n.WithSecrets(m)
+	}
 	return nil
+}
+
+// parseSecrets reads --secret flags: NAME=value, or NAME=@file for a
+// value read from a file (the way to keep it out of the process list
+// and the shell's history).
+func parseSecrets(flags []string) (map[string][]byte, error) {
+	m := map[string][]byte{}
+	for _, f := range flags {
+		name, v, ok := strings.Cut(f, "=")
+		if !ok {
+			return nil, fmt.Errorf("--secret %.30q: want NAME=value or NAME=@file", name)
+		}
+		if _, dup := m[name]; dup {
+			return nil, fmt.Errorf("--secret %s given twice", name)
+		}
+		if file, ok := strings.CutPrefix(v, "@"); ok {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return nil, fmt.Errorf("--secret %s: %w", name, err)
+			}
+			m[name] = b
+			continue
+		}
+		m[name] = []byte(v)
+	}
+	if err := nexus.CheckSecrets(m); err != nil {
+		return nil, fmt.Errorf("--secret: %w", err)
+	}
+	return m, nil
 }
 
 func (a *app) commands() *cobra.Command {
@@ -141,6 +178,7 @@ exits with the guest command's status.`,
 	root.PersistentFlags().StringVar(&a.stateDir, "state-dir", "", "state directory (default: NEXUS_STATE_DIR, /var/lib/nexus as root, else $XDG_DATA_HOME/nexus)")
 	root.PersistentFlags().BoolVar(&a.asJSON, "json", false, "print JSON for programs instead of tables")
 	root.PersistentFlags().StringVar(&a.planFile, "plan", "", "the signed plan (nexus plan sign) that admits this create, start, fork or resume; required once the state directory trusts a plan authority")
+	root.PersistentFlags().StringArrayVar(&a.secrets, "secret", nil, "NAME=value or NAME=@file: a secret this start, fork or resume delivers to the guest's /run/secrets/NAME (repeat for more; never stored; under admission the plan must list NAME)")
 	root.PersistentFlags().BoolVarP(&a.verbose, "verbose", "v", false, "log what nexus does on stderr")
 	root.AddCommand(a.createCmd(), a.verbCmd("start", "Boot a created or stopped sandbox", (*nexus.Nexus).Start),
 		a.verbCmd("stop", "Shut a running sandbox's guest down cleanly", (*nexus.Nexus).Stop),
@@ -622,7 +660,53 @@ func (a *app) trustCmd() *cobra.Command {
 			fmt.Print(trust.FormatPublic(priv.Public().(ed25519.PublicKey), "nexus-admission-"+a.n.NodeID()))
 			return nil
 		},
-	})
+	}, a.verifyTokenCmd())
+	return cmd
+}
+
+// verifyTokenCmd checks an identity token as a service the guest calls
+// would: with the admission key's public half.
+func (a *app) verifyTokenCmd() *cobra.Command {
+	var pubFile string
+	cmd := &cobra.Command{
+		Use:   "verify-token TOKEN|-",
+		Short: "Check an identity token (a guest's /run/nether/identity token=) and print who it names: with --pubkey FILE (nexus trust pubkey's output), else this state directory's admission key",
+		Args:  args(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			tok := args[0]
+			if tok == "-" {
+				b, err := io.ReadAll(io.LimitReader(os.Stdin, 16<<10))
+				if err != nil {
+					return err
+				}
+				tok = string(b)
+			}
+			var pub ed25519.PublicKey
+			if pubFile != "" {
+				b, err := os.ReadFile(pubFile)
+				if err != nil {
+					return usageError{err}
+				}
+				if pub, _, err = trust.ParsePublic(b); err != nil {
+					return usageError{fmt.Errorf("%s: %w", pubFile, err)}
+				}
+			} else {
+				priv, err := a.n.Keyring().AdmissionKey()
+				if err != nil {
+					return err
+				}
+				pub = priv.Public().(ed25519.PublicKey)
+			}
+			t, err := trust.VerifyToken(tok, pub, time.Now())
+			if err != nil {
+				return fmt.Errorf("%w: %w", nexus.ErrRefused, err)
+			}
+			return a.print(t, func(w io.Writer) {
+				fmt.Fprintf(w, "node_id=%s vm_id=%s boot_id=%s plan_digest=%s expires=%s\n", t.NodeID, t.VMID, t.BootID, dash(t.PlanDigest), t.ExpiresAt.Format(time.RFC3339))
+			})
+		},
+	}
+	cmd.Flags().StringVar(&pubFile, "pubkey", "", "the public key to check with (the file nexus trust pubkey printed)")
 	return cmd
 }
 

@@ -24,15 +24,28 @@ type createBody struct {
 	// Plan is the signed plan (the object nexus plan sign writes) that
 	// admits the create and its start.
 	Plan json.RawMessage `json:"plan,omitempty"`
+	// Secrets are delivered to the guest's /run/secrets at the start.
+	Secrets map[string]string `json:"secrets,omitempty"`
 }
 
 // planned is the Nexus that admits a request under its plan, if it has
-// one.
-func (s *server) planned(plan json.RawMessage) *nexus.Nexus {
-	if len(plan) == 0 {
-		return s.n
+// one, and delivers its secrets, if it has any.
+func (s *server) planned(plan json.RawMessage, secrets map[string]string) (*nexus.Nexus, error) {
+	n := s.n
+	if len(plan) > 0 {
+		n = n.WithPlan(plan)
 	}
-	return s.n.WithPlan(plan)
+	if len(secrets) > 0 {
+		m := make(map[string][]byte, len(secrets))
+		for k, v := range secrets {
+			m[k] = []byte(v)
+		}
+		if err := nexus.CheckSecrets(m); err != nil {
+			return nil, badRequest("secrets: %v", err)
+		}
+		n = n.WithSecrets(m)
+	}
+	return n, nil
 }
 
 func (s *server) create(w http.ResponseWriter, r *http.Request) error {
@@ -44,7 +57,10 @@ func (s *server) create(w http.ResponseWriter, r *http.Request) error {
 	if err := nexus.ValidateCreate(req); err != nil {
 		return err
 	}
-	n := s.planned(b.Plan)
+	n, err := s.planned(b.Plan, b.Secrets)
+	if err != nil {
+		return err
+	}
 	sb, err := n.Create(r.Context(), req)
 	if err != nil {
 		return err
@@ -101,12 +117,17 @@ func verb(op func(*nexus.Nexus, context.Context, string) (*nexus.Sandbox, error)
 	return func(s *server, w http.ResponseWriter, r *http.Request) error {
 		// An optional body: the plan that admits a start or a resume.
 		var b struct {
-			Plan json.RawMessage `json:"plan,omitempty"`
+			Plan    json.RawMessage   `json:"plan,omitempty"`
+			Secrets map[string]string `json:"secrets,omitempty"`
 		}
 		if err := decode(w, r, &b); err != nil {
 			return err
 		}
-		sb, err := op(s.planned(b.Plan), r.Context(), r.PathValue("ref"))
+		n, err := s.planned(b.Plan, b.Secrets)
+		if err != nil {
+			return err
+		}
+		sb, err := op(n, r.Context(), r.PathValue("ref"))
 		if err != nil {
 			return err
 		}
@@ -310,6 +331,8 @@ type forkBody struct {
 	RunAs  string   `json:"run_as"`
 	// Plan admits the fork (all its children).
 	Plan json.RawMessage `json:"plan,omitempty"`
+	// Secrets are delivered to every child's /run/secrets.
+	Secrets map[string]string `json:"secrets,omitempty"`
 }
 
 func (s *server) fork(w http.ResponseWriter, r *http.Request) error {
@@ -324,7 +347,11 @@ func (s *server) fork(w http.ResponseWriter, r *http.Request) error {
 	if err := nexus.ValidateFork(req); err != nil {
 		return err
 	}
-	kids, err := s.planned(b.Plan).Fork(r.Context(), req)
+	n, err := s.planned(b.Plan, b.Secrets)
+	if err != nil {
+		return err
+	}
+	kids, err := n.Fork(r.Context(), req)
 	if err != nil {
 		if len(kids) == 0 {
 			return err

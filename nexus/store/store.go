@@ -114,6 +114,12 @@ type Sandbox struct {
 	// Plan is the digest of the signed plan that admitted its current
 	// (or last) run; "" for a sandbox run without admission.
 	Plan string `json:"plan,omitempty"`
+	// Boot is the boot id of its current (or last) run: new for every
+	// boot, restore, wake and claim.
+	Boot string `json:"boot,omitempty"`
+	// Secrets are the names (never the values) of the secrets its
+	// current run holds: what its start, fork or wake delivered.
+	Secrets []string `json:"secrets,omitempty"`
 	// Final is the final usage record of its last session; Reason says
 	// why it is in error.
 	Final  string `json:"final,omitempty"`

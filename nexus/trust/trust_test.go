@@ -3,6 +3,7 @@ package trust
 import (
 	"bytes"
 	"crypto/ed25519"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"os"
@@ -188,5 +189,41 @@ func TestKeys(t *testing.T) {
 	}
 	if got, _ := k.Trusted(); len(got) != 0 {
 		t.Fatalf("trusted %v with nothing added", got)
+	}
+}
+
+func TestIdentityToken(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	otherPub, _, _ := ed25519.GenerateKey(rand.Reader)
+	now := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
+	want := Token{NodeID: "N", VMID: "V", BootID: "B", PlanDigest: "D", IssuedAt: now, ExpiresAt: now.Add(TokenLifetime)}
+	tok, err := SignToken(want, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := VerifyToken(tok, pub, now.Add(time.Minute))
+	if err != nil || *got != want {
+		t.Fatalf("VerifyToken = %+v, %v; want %+v", got, err, want)
+	}
+	parts := strings.Split(tok, ".")
+	forged, _ := json.Marshal(Token{NodeID: "N", VMID: "V", BootID: "B2", IssuedAt: now, ExpiresAt: now.Add(TokenLifetime)})
+	for _, tt := range []struct {
+		name, tok string
+		pub       ed25519.PublicKey
+		at        time.Time
+		want      string
+	}{
+		{"another key", tok, otherPub, now, "does not verify"},
+		{"another boot", parts[0] + "." + b64.EncodeToString(forged) + "." + parts[2], pub, now, "does not verify"},
+		{"expired", tok, pub, now.Add(TokenLifetime), "expired"},
+		{"future", tok, pub, now.Add(-time.Hour), "in the future"},
+		{"not a token", "abc", pub, now, "not an identity token"},
+		{"cut signature", parts[0] + "." + parts[1] + "." + parts[2][:10], pub, now, "malformed"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := VerifyToken(tt.tok, tt.pub, tt.at); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("VerifyToken = %v, want %q", err, tt.want)
+			}
+		})
 	}
 }
