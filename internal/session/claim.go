@@ -115,7 +115,7 @@ func (s *Session) Claim(ctx context.Context, c control.ClaimRequest) (string, er
 	took := time.Since(began)
 	s.life("claimed sandbox=%s hostname=%s", sandboxID, hostname)
 	s.log.Info("claimed", "sandbox", sandboxID, "hostname", hostname, "was", was.identity.SandboxID,
-		"boot", boot.bootID, "claim_ms", ms(took), "reseed_ms", ms(seedTook), "handshake_ms", ms(hsTook), "plane_conns_reset", reset)
+		"claim_ms", ms(took), "reseed_ms", ms(seedTook), "handshake_ms", ms(hsTook), "plane_conns_reset", reset, "boot", boot.bootID)
 	return fmt.Sprintf("OK claimed %s %s", sandboxID, hostname), nil
 }
 

@@ -143,7 +143,7 @@ func TestClaimFork(t *testing.T) {
 	if ev := mustRun(t, c, "__events__"); !regexp.MustCompile(`(?m)^\d+ \d+ LIFE claimed sandbox=user-42 hostname=host-42$`).MatchString(ev) {
 		t.Errorf("the timeline lacks the claim:\n%s", ev)
 	}
-	if !regexp.MustCompile(`msg=claimed sandbox=user-42 hostname=host-42 was=\S+ boot=\S+ claim_ms=[0-9.]+ reseed_ms=[0-9.]+ handshake_ms=[0-9.]+`).MatchString(sb.logs.String()) {
+	if !regexp.MustCompile(`msg=claimed sandbox=user-42 hostname=host-42 was=\S+ claim_ms=[0-9.]+ reseed_ms=[0-9.]+ handshake_ms=[0-9.]+`).MatchString(sb.logs.String()) {
 		t.Errorf("the log lacks the claim and its timings:\n%s", sb.logs.String())
 	}
 

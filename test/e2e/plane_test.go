@@ -225,8 +225,9 @@ func listenEgress(t *testing.T) (*egressListener, string) {
 	return e, path
 }
 
-// accept takes the next egress connection and reads its preamble.
-func (e *egressListener) accept(t *testing.T) (*net.UnixConn, *bufio.Reader, string, string) {
+// accept takes the next egress connection and reads its preamble: the
+// connection id, resume and the boot it belongs to.
+func (e *egressListener) accept(t *testing.T) (*net.UnixConn, *bufio.Reader, string, string, string) {
 	t.Helper()
 	select {
 	case c := <-e.conns:
@@ -235,15 +236,15 @@ func (e *egressListener) accept(t *testing.T) (*net.UnixConn, *bufio.Reader, str
 		c.SetReadDeadline(time.Now().Add(30 * time.Second))
 		line, err := r.ReadString('\n')
 		c.SetReadDeadline(time.Time{})
-		m := regexp.MustCompile(`^NETHER-EGRESS v1 conn=([0-9a-f]{16}) resume=([01])\n$`).FindStringSubmatch(line)
+		m := regexp.MustCompile(`^NETHER-EGRESS v1 conn=([0-9a-f]{16}) resume=([01]) boot=(\S+)\n$`).FindStringSubmatch(line)
 		if err != nil || m == nil {
 			t.Fatalf("egress preamble %q, %v", line, err)
 		}
-		return c, r, m[1], m[2]
+		return c, r, m[1], m[2], m[3]
 	case <-time.After(30 * time.Second):
 		t.Fatal("no egress connection in 30 s")
 	}
-	return nil, nil, "", ""
+	return nil, nil, "", "", ""
 }
 
 func readLine(t *testing.T, c *net.UnixConn, r *bufio.Reader) string {
@@ -270,9 +271,12 @@ func TestEgressParkAwait(t *testing.T) {
 		t.Errorf("__info__ egress_plane=%s egress_port=%s", info["egress_plane"], info["egress_port"])
 	}
 	pid := strings.TrimSpace(mustRun(t, c, fmt.Sprintf("/tmp/nettool converse 127.0.0.1:%d 2 > /tmp/conv.out 2>&1 & echo $!", planeEgressPort)))
-	pc, r, id, resume := eg.accept(t)
+	pc, r, id, resume, boot := eg.accept(t)
 	if resume != "0" {
 		t.Errorf("a new egress connection has resume=%s", resume)
+	}
+	if want := sb.info(c)["boot_id"]; boot != want {
+		t.Errorf("the preamble's boot=%s, __info__ boot_id=%s", boot, want)
 	}
 	if got := readLine(t, pc, r); got != "request 1\n" {
 		t.Fatalf("the platform read %q", got)
@@ -290,10 +294,15 @@ func TestEgressParkAwait(t *testing.T) {
 	}
 	woken := wake(1)
 	t0 := time.Now()
-	pc2, r2, id2, resume2 := eg.accept(t)
+	pc2, r2, id2, resume2, boot2 := eg.accept(t)
 	t.Logf("generation 1: the resumed egress connection reached the platform %s after the woken nether listened", time.Since(t0).Round(time.Millisecond))
 	if id2 != id || resume2 != "1" {
 		t.Fatalf("after the wake: conn=%s resume=%s, want conn=%s resume=1", id2, resume2, id)
+	}
+	// The same connection, a new boot: the preamble says which.
+	wc := woken.dial()
+	if now := woken.info(wc)["boot_id"]; boot2 == boot || boot2 != now {
+		t.Errorf("after the wake the preamble's boot=%s (before %s, the woken nether's %s)", boot2, boot, now)
 	}
 	pc.Close()
 	fmt.Fprintf(pc2, "reply 1\n")
@@ -302,11 +311,11 @@ func TestEgressParkAwait(t *testing.T) {
 	if got := readLine(t, pc2, r2); got != "request 2\n" {
 		t.Fatalf("the platform read %q after the first reply", got)
 	}
-	sb, c = woken, woken.dial()
+	sb, c = woken, wc
 
 	// Generation 2: park again, in the middle of the second recv().
 	woken2 := wake(2)
-	pc3, _, id3, resume3 := eg.accept(t)
+	pc3, _, id3, resume3, _ := eg.accept(t)
 	if id3 != id || resume3 != "1" {
 		t.Fatalf("after the second wake: conn=%s resume=%s, want conn=%s resume=1", id3, resume3, id)
 	}
