@@ -64,6 +64,7 @@ type forkOf struct {
 // bounds) and records the outcome; fork is set for a fork. It returns the
 // admitted plan's digest, "" when admission is off.
 func (n *Nexus) admit(op string, sb *Sandbox, img func() (imageOf, error), fork *forkOf) (string, error) {
+	began := time.Now()
 	trusted, err := n.Admission()
 	if err != nil {
 		return "", err
@@ -109,9 +110,12 @@ func (n *Nexus) admit(op string, sb *Sandbox, img func() (imageOf, error), fork 
 		return refuse(err)
 	}
 	// The nonce last: a plan refused for another reason can be fixed and
-	// sent again, a plan admitted never twice. The lineage is checked in
-	// the same transaction. (Two forks of one parent at the same moment
-	// can still both pass its budget: their children are written after.)
+	// sent again, a plan admitted never twice. The lineage is checked,
+	// and the admission goes on the chain, in the same transaction (one
+	// write to disk). (Two forks of one parent at the same moment can
+	// still both pass its budget: their children are written after.)
+	admitted := *sb
+	admitted.Config, admitted.Plan = cfg, v.Digest
 	if err := n.db.Update(func(tx *store.Tx) error {
 		if fork != nil {
 			if err := attenuate(tx, v.Plan, fork.parent, fork.children); err != nil {
@@ -121,7 +125,10 @@ func (n *Nexus) admit(op string, sb *Sandbox, img func() (imageOf, error), fork 
 		if err := tx.UseNonce(v.Plan.Nonce, v.Plan.NotAfter, time.Now()); err != nil {
 			return err
 		}
-		return tx.PutPlan(v.Digest, v.Plan.Canonical())
+		if err := tx.PutPlan(v.Digest, v.Plan.Canonical()); err != nil {
+			return err
+		}
+		return tx.AppendAudit(n.stamp(admissionRecord("admit", op, &admitted, v.Digest), nil))
 	}); err != nil {
 		return refuse(err)
 	}
@@ -129,7 +136,7 @@ func (n *Nexus) admit(op string, sb *Sandbox, img func() (imageOf, error), fork 
 	if n.admitted != nil {
 		n.admitted.sandbox, n.admitted.digest = sb.ID, v.Digest
 	}
-	n.auditAdmission("admit", op, sb, v.Digest, nil)
+	n.log.Info("admitted", "op", op, "sandbox", sb.Ref(), "plan", short12(v.Digest), "admission_ms", float64(time.Since(began).Microseconds())/1000)
 	return v.Digest, nil
 }
 
@@ -148,9 +155,15 @@ func orUnknown(d string) string {
 }
 
 func (n *Nexus) auditAdmission(event, op string, sb *Sandbox, digest string, err error) {
+	n.record(admissionRecord(event, op, sb, digest), err)
+}
+
+// admissionRecord is the record of an admission (or refusal) of op on sb
+// under the plan digest.
+func admissionRecord(event, op string, sb *Sandbox, digest string) *store.AuditRecord {
 	rec := sandboxRecord(event, sb, "")
 	rec.Plan, rec.Detail = digest, op
-	n.record(rec, err)
+	return rec
 }
 
 // applyPlan fills the settings a sandbox leaves open from its plan and

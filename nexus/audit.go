@@ -52,13 +52,19 @@ func sandboxRecord(event string, sb *Sandbox, snapshot string) *store.AuditRecor
 // chain. A record that cannot be written is logged, since the operation
 // has happened either way.
 func (n *Nexus) record(rec *store.AuditRecord, err error) {
+	n.stamp(rec, err)
+	if werr := n.db.Update(func(tx *store.Tx) error { return tx.AppendAudit(rec) }); werr != nil {
+		n.log.Error("audit: the record could not be written", "event", rec.Event, "err", werr)
+	}
+}
+
+// stamp fills in rec's node and its outcome, err.
+func (n *Nexus) stamp(rec *store.AuditRecord, err error) *store.AuditRecord {
 	rec.Node, rec.Outcome = n.node, "ok"
 	if err != nil {
 		rec.Outcome = err.Error()
 	}
-	if werr := n.db.Update(func(tx *store.Tx) error { return tx.AppendAudit(rec) }); werr != nil {
-		n.log.Error("audit: the record could not be written", "event", rec.Event, "err", werr)
-	}
+	return rec
 }
 
 // AuditList returns the chain's records, only those naming ref (a

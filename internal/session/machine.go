@@ -400,6 +400,7 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 	if fork || next.Hostname != captured.Hostname {
 		req.Hostname = next.Hostname
 	}
+	hsStart := time.Now()
 	provisioned, err := s.agent.Handshake(hctx, req)
 	if err != nil {
 		if errors.Is(err, context.DeadlineExceeded) {
@@ -412,7 +413,7 @@ func (s *Session) finishRestore(ctx context.Context, r *restoring, m engine.Mach
 		return err
 	}
 	s.log.Info("restored", "from", art.Dir, "kind", meta.Kind, "generation", next.Generation,
-		"sandbox", next.SandboxID, "parent", captured.SandboxID)
+		"sandbox", next.SandboxID, "parent", captured.SandboxID, "handshake_ms", ms(time.Since(hsStart)), "secrets", len(req.Secrets))
 	return nil
 }
 
