@@ -2,6 +2,7 @@ package nexus
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -11,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nethersandbox/nether/internal/agentproto"
+	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/nexus/trust"
 )
 
@@ -90,6 +93,8 @@ func TestAdmissionOfCreate(t *testing.T) {
 			p.NotBefore, p.NotAfter = time.Now().Add(-2*time.Hour), time.Now().Add(-time.Hour)
 		})), CreateRequest{}, "has expired"},
 		{"a damaged plan", n.WithPlan([]byte(`{`)), CreateRequest{}, "not a signed plan"},
+		{"a secret the plan does not list", n.WithPlan(sign(func(p *trust.Plan) { p.Secrets = []string{"API_KEY"} })).
+			WithSecrets(map[string][]byte{"API_KEY": []byte("v"), "DB": []byte("w")}), CreateRequest{}, "secrets DB: the plan does not list them (it lists API_KEY)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -139,4 +144,43 @@ func TestAdmissionOff(t *testing.T) {
 func sha256Hex(s string) string {
 	h := sha256.Sum256([]byte(s))
 	return hex.EncodeToString(h[:])
+}
+
+// The identity a launch hands nether is what nether's own parser takes,
+// and its token verifies under the admission key, naming the sandbox,
+// the boot and the plan.
+func TestBootLines(t *testing.T) {
+	n, _ := admissionNexus(t)
+	sb := &Sandbox{ID: "01JABCDEFGHJK0123456CDEFGHJK", Hostname: "web", Plan: strings.Repeat("ab", 32)}
+	lines, err := n.bootLines(sb, "01BOOT")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(n.confText(sb, "")+lines+"secrets_fd = 3\n"), 0o600)
+	cfg, err := conf.Load(dir)
+	if err != nil {
+		t.Fatalf("nether refuses what nexus writes: %v", err)
+	}
+	if cfg.NodeID != n.NodeID() || cfg.BootID != "01BOOT" || cfg.PlanDigest != sb.Plan || cfg.SecretsFD != 3 {
+		t.Fatalf("nether read node %q boot %q plan %q fd %d", cfg.NodeID, cfg.BootID, cfg.PlanDigest, cfg.SecretsFD)
+	}
+	priv, _ := n.Keyring().AdmissionKey()
+	tok, err := trust.VerifyToken(cfg.IdentityToken, priv.Public().(ed25519.PublicKey), time.Now())
+	if err != nil || tok.VMID != sb.ID || tok.BootID != "01BOOT" || tok.NodeID != n.NodeID() || tok.PlanDigest != sb.Plan {
+		t.Fatalf("the token: %+v, %v", tok, err)
+	}
+	// Secrets travel in a sealed memory file nether can read.
+	f, err := n.WithSecrets(map[string][]byte{"K": []byte("v\x00")}).secretsFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got, err := agentproto.ReadSecrets(f)
+	if err != nil || string(got["K"]) != "v\x00" {
+		t.Fatalf("the secrets file: %q, %v", got, err)
+	}
+	if _, err := f.Write([]byte("x")); err == nil {
+		t.Error("the secrets file is writable after sealing")
+	}
 }
