@@ -25,6 +25,12 @@ import (
 // every refusal goes on the audit chain. Without a trusted authority
 // nexus runs sandboxes unadmitted, as before.
 
+// reservationTTL bounds how long an admitted fork holds its place in its
+// parent plan's grants before its children are recorded: longer than any
+// fork takes, short enough that a nexus killed mid-fork does not hold it
+// for long.
+const reservationTTL = 10 * time.Minute
+
 // ErrRefused marks an operation admission refused.
 var ErrRefused = errors.New("not admitted")
 
@@ -112,14 +118,22 @@ func (n *Nexus) admit(op string, sb *Sandbox, img func() (imageOf, error), fork 
 	// The nonce last: a plan refused for another reason can be fixed and
 	// sent again, a plan admitted never twice. The lineage is checked,
 	// and the admission goes on the chain, in the same transaction (one
-	// write to disk). (Two forks of one parent at the same moment can
-	// still both pass its budget: their children are written after.)
+	// write to disk); a fork's place is held there until its children
+	// are recorded.
 	admitted := *sb
 	admitted.Config, admitted.Plan = cfg, v.Digest
 	if err := n.db.Update(func(tx *store.Tx) error {
 		if fork != nil {
 			if err := attenuate(tx, v.Plan, fork.parent, fork.children); err != nil {
 				return err
+			}
+			if fork.parent != "" {
+				// Held until the fork's children are recorded (Fork
+				// drops it), so a fork admitted at the same moment
+				// counts these children.
+				if err := tx.Reserve(v.Digest, fork.children, time.Now().Add(reservationTTL)); err != nil {
+					return err
+				}
 			}
 		}
 		if err := tx.UseNonce(v.Plan.Nonce, v.Plan.NotAfter, time.Now()); err != nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/nethersandbox/nether/nexus/store"
 	"github.com/nethersandbox/nether/nexus/trust"
@@ -155,29 +156,44 @@ func withinGrants(tx *store.Tx, child, parent *trust.Plan, parentDigest string, 
 	}
 	descendants := 0
 	var used trust.Limits
+	// count counts k sandboxes admitted under the plan digest d.
+	count := func(d string, k int) {
+		p := planOf(d)
+		if p == nil || k <= 0 {
+			return
+		}
+		if p.Parent == parentDigest {
+			used = addLimits(used, p.Limits, k)
+		}
+		// Up the plan lineage: is parentDigest an ancestor?
+		for a, depth := p.Parent, 0; a != "" && depth < 64; depth++ {
+			if a == parentDigest {
+				descendants += k
+				break
+			}
+			anc := planOf(a)
+			if anc == nil {
+				break
+			}
+			a = anc.Parent
+		}
+	}
+	live := map[string]int{}
 	for _, sb := range sbs {
 		if sb.Plan == "" || sb.Pool != "" {
 			continue
 		}
-		p := planOf(sb.Plan)
-		if p == nil {
-			continue
-		}
-		if p.Parent == parentDigest {
-			used = addLimits(used, p.Limits, 1)
-		}
-		// Up the plan lineage: is parentDigest an ancestor?
-		for d, depth := p.Parent, 0; d != "" && depth < 64; depth++ {
-			if d == parentDigest {
-				descendants++
-				break
-			}
-			anc := planOf(d)
-			if anc == nil {
-				break
-			}
-			d = anc.Parent
-		}
+		live[sb.Plan]++
+		count(sb.Plan, 1)
+	}
+	// A fork admitted but whose children are not all recorded yet holds
+	// its place (Reserve): two forks at the same moment cannot both pass.
+	reserved, err := tx.Reservations(time.Now())
+	if err != nil {
+		return err
+	}
+	for d, k := range reserved {
+		count(d, k-live[d])
 	}
 	if descendants+n > parent.Grants.MaxDescendants {
 		return fmt.Errorf("grants.max_descendants: plan %s allows %d descendants, it has %d, and the fork adds %d", short12(parentDigest), parent.Grants.MaxDescendants, descendants, n)

@@ -109,3 +109,42 @@ func TestAttenuation(t *testing.T) {
 		t.Fatal("a child plan naming a parent for an unadmitted snapshot was admitted")
 	}
 }
+
+// A fork admitted but not yet recorded holds its place: a second fork at
+// the same moment counts its children; once they are recorded they count
+// once, not twice; an expired place counts for nothing.
+func TestReservationsHoldAFork(t *testing.T) {
+	db, parent, pd := lineage(t)
+	child := planAt(func(c *trust.Plan) {
+		c.Parent, c.Limits.RAMMB, c.Limits.MaxRuntimeS = pd, 256, parent.Limits.MaxRuntimeS
+		c.Network.Block = []string{"10.9.0.0/16"}
+	})
+	check := func(n int) error {
+		return db.View(func(tx *store.Tx) error { return attenuate(tx, child, pd, n) })
+	}
+	if err := check(1); err != nil {
+		t.Fatalf("one more descendant of 3 (2 live): %v", err)
+	}
+	other := planAt(func(c *trust.Plan) { c.Parent, c.Limits.RAMMB = pd, 256 })
+	db.Update(func(tx *store.Tx) error {
+		tx.PutPlan(other.Digest(), other.Canonical())
+		return tx.Reserve(other.Digest(), 1, time.Now().Add(time.Minute))
+	})
+	if err := check(1); err == nil || !strings.Contains(err.Error(), "it has 3, and the fork adds 1") {
+		t.Fatalf("with a fork of 1 in flight: %v, want max_descendants refused", err)
+	}
+	// Its child recorded, under the reservation: still 3, not 4.
+	db.Update(func(tx *store.Tx) error {
+		return tx.PutSandbox(&store.Sandbox{ID: "01OTHER0000000000000000000", Plan: other.Digest()})
+	})
+	if err := check(1); err == nil || !strings.Contains(err.Error(), "it has 3, and") {
+		t.Fatalf("the reserved child recorded: %v, want it counted once", err)
+	}
+	db.Update(func(tx *store.Tx) error {
+		tx.DeleteSandbox(&store.Sandbox{ID: "01OTHER0000000000000000000"})
+		return tx.Reserve(other.Digest(), 1, time.Now().Add(-time.Second))
+	})
+	if err := check(1); err != nil {
+		t.Fatalf("an expired reservation still counts: %v", err)
+	}
+}

@@ -106,6 +106,11 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	if err != nil {
 		return nil, err
 	}
+	if plan != "" && lineage != nil && lineage.parent != "" {
+		// The children's records count for themselves from here on (or
+		// the fork failed): the place admission held is freed.
+		defer n.db.Update(func(tx *store.Tx) error { return tx.DropReservation(plan) })
+	}
 	cfg = tmpl.Config
 	// Warm children first, then cold ones for the rest. A pool member
 	// runs with the snapshot's settings, which a claim cannot change: a

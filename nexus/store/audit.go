@@ -220,3 +220,53 @@ func (t *Tx) Plan(digest string) []byte {
 	}
 	return nil
 }
+
+var bReservations = []byte("reservations") // plan digest -> Reservation JSON
+
+// Reservation holds a fork's place in its parent plan's grants from its
+// admission until its children's records exist: N children admitted
+// under one plan digest, until Expires (a nexus that died mid-fork frees
+// its place then).
+type Reservation struct {
+	N       int       `json:"n"`
+	Expires time.Time `json:"expires"`
+}
+
+// Reserve records that n children are being made under the plan digest.
+func (t *Tx) Reserve(digest string, n int, expires time.Time) error {
+	b, err := t.tx.CreateBucketIfNotExists(bReservations)
+	if err != nil {
+		return err
+	}
+	v, _ := json.Marshal(Reservation{N: n, Expires: expires.UTC()})
+	return b.Put([]byte(digest), v)
+}
+
+// Reservations returns the places held at now, by plan digest.
+func (t *Tx) Reservations(now time.Time) (map[string]int, error) {
+	out := map[string]int{}
+	b := t.bucket(bReservations)
+	if b == nil {
+		return out, nil
+	}
+	err := b.ForEach(func(k, v []byte) error {
+		var r Reservation
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("reservation %s: %w", k, err)
+		}
+		if now.Before(r.Expires) {
+			out[string(k)] = r.N
+		}
+		return nil
+	})
+	return out, err
+}
+
+// DropReservation frees the place held under the plan digest (its
+// children's records now count for themselves, or the fork failed).
+func (t *Tx) DropReservation(digest string) error {
+	if b := t.bucket(bReservations); b != nil {
+		return b.Delete([]byte(digest))
+	}
+	return nil
+}
