@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 
 	"github.com/nethersandbox/nether/internal/agentproto"
@@ -29,31 +30,85 @@ func (a *agent) provision(s *channel.Stream, req agentproto.Request) {
 	s.CloseWrite([]byte("ok 0 " + agentproto.Provisioned))
 }
 
+// runDirs is what the agent knows of the directories identity and
+// secrets go to. Everything done first after a restore runs slowly under
+// TCG (each new code path is translated anew, each ms-scale: measured by
+// hand, a mkdir 6-10 ms, an open 3-5 ms), so the directories are made at
+// boot and a fork's handshake does only what it must: nothing to wipe
+// when no secret was ever delivered, no chown when the owner is right.
+type runDirs struct {
+	mu sync.Mutex
+	// ready: both directories exist, /run/secrets 0500 owned by owner.
+	ready bool
+	owner int
+	// held: secrets this agent delivered may be in /run/secrets.
+	held bool
+}
+
+// prepareRunDirs makes /run/nether and /run/secrets at boot, the latter
+// owned by the boot's run_as user.
+func (a *agent) prepareRunDirs() error {
+	uid, gid := a.owner()
+	if err := os.MkdirAll(filepath.Dir(a.identityFile), 0o755); err != nil {
+		return fmt.Errorf("identity: %w", err)
+	}
+	if err := os.MkdirAll(a.secretsDir, 0o500); err != nil {
+		return fmt.Errorf("secrets: %w", err)
+	}
+	if err := errors.Join(os.Chmod(a.secretsDir, 0o500), os.Chown(a.secretsDir, uid, gid)); err != nil {
+		return fmt.Errorf("secrets: %w", err)
+	}
+	a.runDirs.mu.Lock()
+	a.runDirs.ready, a.runDirs.owner = true, uid
+	a.runDirs.mu.Unlock()
+	return nil
+}
+
+// owner is the run_as user's uid and gid (root's without one).
+func (a *agent) owner() (int, int) {
+	if u := a.policy.get(); u != nil {
+		return int(u.uid), int(u.gid)
+	}
+	return 0, 0
+}
+
 // provisionFiles writes the identity file (when id is set) and replaces
 // the secrets with secrets. wipe empties /run/secrets even when no
 // secrets came: a fork's handshake, so a child never reads its parent's.
 // The secrets belong to the run_as user (root without one), mode 0400
 // in a 0500 directory: the tenant's commands read them, nobody else.
 func (a *agent) provisionFiles(id *agentproto.Identity, secrets map[string]agentproto.Text, wipe bool) error {
+	a.runDirs.mu.Lock()
+	defer a.runDirs.mu.Unlock()
+	prepared := a.runDirs.ready // at boot: /run/nether exists too
 	var errs []error
-	if wipe || secrets != nil {
+	if (wipe || secrets != nil) && a.runDirs.held {
 		if err := wipeSecrets(a.secretsDir); err != nil {
 			errs = append(errs, err)
+		} else {
+			a.runDirs.held = false
 		}
 	}
 	if len(secrets) > 0 && len(errs) == 0 {
-		uid, gid := 0, 0
-		if u := a.policy.get(); u != nil {
-			uid, gid = int(u.uid), int(u.gid)
-		}
-		if err := writeSecrets(a.secretsDir, secrets, uid, gid); err != nil {
+		uid, gid := a.owner()
+		a.runDirs.held = true // from the first file on: a failure below wipes
+		if err := a.ensureSecretsDir(uid, gid); err != nil {
+			errs = append(errs, err)
+		} else if err := writeSecrets(a.secretsDir, secrets, uid, gid); err != nil {
 			// Half a set of secrets is worse than none: a tenant would
 			// run with some of what its admission gave it.
-			wipeSecrets(a.secretsDir)
+			if wipeSecrets(a.secretsDir) == nil {
+				a.runDirs.held = false
+			}
 			errs = append(errs, err)
 		}
 	}
 	if id != nil {
+		if !prepared {
+			if err := os.MkdirAll(filepath.Dir(a.identityFile), 0o755); err != nil {
+				errs = append(errs, fmt.Errorf("identity: %w", err))
+			}
+		}
 		if err := writeIdentity(a.identityFile, *id); err != nil {
 			errs = append(errs, err)
 		}
@@ -61,15 +116,29 @@ func (a *agent) provisionFiles(id *agentproto.Identity, secrets map[string]agent
 	return errors.Join(errs...)
 }
 
+// ensureSecretsDir makes /run/secrets 0500 and owned by uid when it is
+// not known to be (a guest captured by an agent that did not make it at
+// boot, a handshake that narrowed run_as). Called with a.runDirs.mu held.
+func (a *agent) ensureSecretsDir(uid, gid int) error {
+	if a.runDirs.ready && a.runDirs.owner == uid {
+		return nil
+	}
+	if err := os.MkdirAll(a.secretsDir, 0o500); err != nil {
+		return fmt.Errorf("secrets: %w", err)
+	}
+	if err := errors.Join(os.Chmod(a.secretsDir, 0o500), os.Chown(a.secretsDir, uid, gid)); err != nil {
+		return fmt.Errorf("secrets: %w", err)
+	}
+	a.runDirs.ready, a.runDirs.owner = true, uid
+	return nil
+}
+
 // writeIdentity replaces the identity file whole (a reader never sees
 // half of one), readable by every guest user: it says who the sandbox
-// is, and the token in it is only good for saying so.
+// is, and the token in it is only good for saying so. Its directory
+// exists (prepareRunDirs).
 func writeIdentity(path string, id agentproto.Identity) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return fmt.Errorf("identity: %w", err)
-	}
 	tmp := path + ".new"
-	os.Remove(tmp)
 	if err := os.WriteFile(tmp, []byte(id.File()), 0o444); err != nil {
 		return fmt.Errorf("identity: %w", err)
 	}
@@ -112,28 +181,21 @@ func wipeSecrets(dir string) error {
 	return nil
 }
 
-// writeSecrets writes each secret to dir/NAME. The names were checked
-// when the request was decoded (agentproto.CheckSecrets): one file name
-// each, none starting with '.'.
+// writeSecrets writes each secret to dir/NAME, which must exist. The
+// names were checked when the request was decoded
+// (agentproto.CheckSecrets): one file name each, none starting with '.'.
 func writeSecrets(dir string, secrets map[string]agentproto.Text, uid, gid int) error {
-	if err := os.MkdirAll(dir, 0o500); err != nil {
-		return fmt.Errorf("secrets: %w", err)
-	}
-	if err := os.Chmod(dir, 0o500); err != nil {
-		return fmt.Errorf("secrets: %w", err)
-	}
-	if err := os.Chown(dir, uid, gid); err != nil {
-		return fmt.Errorf("secrets: %w", err)
-	}
 	for _, name := range agentproto.SecretNames(secrets) {
-		p := filepath.Join(dir, name)
-		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
 		if err != nil {
 			return fmt.Errorf("secret %s: %w", name, err)
 		}
 		_, werr := f.Write([]byte(secrets[name]))
-		cerr := f.Close()
-		if err := errors.Join(werr, cerr, os.Chown(p, uid, gid)); err != nil {
+		var oerr error
+		if uid != 0 || gid != 0 {
+			oerr = f.Chown(uid, gid)
+		}
+		if err := errors.Join(werr, oerr, f.Close()); err != nil {
 			return fmt.Errorf("secret %s: %w", name, err)
 		}
 	}

@@ -16,6 +16,9 @@ import (
 func TestProvisionFiles(t *testing.T) {
 	dir := t.TempDir()
 	a := &agent{policy: &runAsPolicy{}, identityFile: filepath.Join(dir, "nether", "identity"), secretsDir: filepath.Join(dir, "secrets")}
+	if err := a.prepareRunDirs(); err != nil {
+		t.Fatal(err)
+	}
 	id := &agentproto.Identity{NodeID: "n", VMID: "vm", BootID: "b1", PlanDigest: "d", Token: "t.s"}
 	if err := a.provisionFiles(id, map[string]agentproto.Text{"API_KEY": "v1\x00", "db.pass": "v2"}, false); err != nil {
 		t.Fatal(err)
@@ -67,5 +70,25 @@ func TestProvisionFiles(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(a.identityFile); string(b) != "boot_id=b2\n" {
 		t.Errorf("the identity file after the fork: %q", b)
+	}
+}
+
+// A guest captured by an agent that made no directories at boot (an
+// older one) still gets its identity and secrets: the handshake makes
+// them.
+func TestProvisionWithoutPreparedDirs(t *testing.T) {
+	dir := t.TempDir()
+	a := &agent{policy: &runAsPolicy{}, identityFile: filepath.Join(dir, "nether", "identity"), secretsDir: filepath.Join(dir, "secrets")}
+	if err := a.provisionFiles(&agentproto.Identity{BootID: "b"}, map[string]agentproto.Text{"K": "v"}, true); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(a.secretsDir, "K")); err != nil || string(b) != "v" {
+		t.Fatalf("secret %q, %v", b, err)
+	}
+	if di, _ := os.Stat(a.secretsDir); di.Mode().Perm() != 0o500 {
+		t.Errorf("secrets directory mode %v", di.Mode())
+	}
+	if b, _ := os.ReadFile(a.identityFile); string(b) != "boot_id=b\n" {
+		t.Errorf("identity %q", b)
 	}
 }

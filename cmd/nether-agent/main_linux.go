@@ -89,6 +89,9 @@ func main() {
 
 	a := newAgent(log, r, mux, func() { powerOff(log) })
 	a.policy, a.console = policy, console
+	if err := a.prepareRunDirs(); err != nil {
+		problems = append(problems, err.Error())
+	}
 	if hello, err := mux.Open(agentproto.Request{
 		Op: agentproto.OpHello, Version: agentproto.Version, Boot: bootID(),
 		StartMS: startMS, ModulesMS: modulesMS, HelloMS: uptimeMS(),

@@ -53,6 +53,9 @@ type agent struct {
 	// identityFile and secretsDir are where identity and secrets go
 	// (identity_linux.go); a test points them elsewhere.
 	identityFile, secretsDir string
+	// run is what the agent knows of /run/nether and /run/secrets
+	// (identity_linux.go). It is guest memory: a fork inherits it.
+	runDirs runDirs
 }
 
 func newAgent(log *slog.Logger, r *reaper, mux *channel.Mux, powerOff func()) *agent {
