@@ -62,10 +62,10 @@ func TestForkTrustPracticalTest(t *testing.T) {
 	alpha, alphaFile := secret("alpha")
 	beta, betaFile := secret("beta")
 
-	x.must("--plan", plan(""), "--secret", "API_KEY=@"+alphaFile, "create", "--name", "parent", "--net", "--start")
+	x.must("--plan", plan(""), "--secret", "API_KEY=@"+alphaFile, "create", "--name", "parent", "--net", "--run-as", "nether", "--start")
 	x.refused(7, []string{"snapshot", "create", "--clean", "parent", "c"}, "it holds secrets (API_KEY)")
 	// The parent's state at the capture is the child's starting point.
-	x.must("exec", "parent", "--", "echo warmed > /root/marker")
+	x.must("exec", "parent", "--", "echo warmed > /tmp/marker")
 	x.must("snapshot", "create", "parent", "s")
 	parent := x.inspect("parent")
 	// A secret the child plan does not list is refused by name.
@@ -90,7 +90,7 @@ func TestForkTrustPracticalTest(t *testing.T) {
 		v.info = keyValues(string(out))
 		v.identity = keyValues(x.must("exec", sb.ID, "--", "cat /run/nether/identity"))
 		v.secret = x.must("exec", sb.ID, "--", "cat /run/secrets/API_KEY")
-		v.mode = strings.TrimSpace(x.must("exec", sb.ID, "--", "stat -c %a /run/secrets/API_KEY"))
+		v.mode = strings.TrimSpace(x.must("exec", sb.ID, "--", "stat -c '%a %U' /run/secrets/API_KEY"))
 		v.mac = strings.TrimSpace(x.must("exec", sb.ID, "--", "cat /sys/class/net/eth0/address"))
 		v.kernel = strings.TrimSpace(x.must("exec", sb.ID, "--", "uname -r"))
 		var tok struct {
@@ -134,8 +134,10 @@ func TestForkTrustPracticalTest(t *testing.T) {
 			c.v.identity["plan_digest"] != c.sb.Plan || c.v.tokenVMID != c.sb.ID || c.v.tokenBt != c.v.identity["boot_id"] {
 			t.Errorf("%s %s: __info__ %v, identity %v, token names %s/%s", c.who, c.sb.ID, c.v.info, c.v.identity, c.v.tokenVMID, c.v.tokenBt)
 		}
-		if c.v.mode != "400" {
-			t.Errorf("%s: /run/secrets/API_KEY mode %s, want 400", c.who, c.v.mode)
+		// Readable by the run_as user the commands run as, and by
+		// nobody else.
+		if c.v.mode != "400 nether" {
+			t.Errorf("%s: /run/secrets/API_KEY is %q, want mode 400 owned by nether (the run_as user)", c.who, c.v.mode)
 		}
 	}
 	if p.secret != alpha || k.secret != beta {
@@ -145,8 +147,8 @@ func TestForkTrustPracticalTest(t *testing.T) {
 	if p.info["node_id"] != k.info["node_id"] || p.info["node_id"] == "-" || p.kernel != k.kernel {
 		t.Errorf("node or kernel differ: %s/%s, %s/%s", p.info["node_id"], k.info["node_id"], p.kernel, k.kernel)
 	}
-	if got := x.must("exec", kidID, "--", "cat /root/marker"); got != "warmed\n" {
-		t.Errorf("the fork's /root/marker: %q, want the parent's warmed state", got)
+	if got := x.must("exec", kidID, "--", "cat /tmp/marker"); got != "warmed\n" {
+		t.Errorf("the fork's /tmp/marker: %q, want the parent's warmed state", got)
 	}
 	var snaps []struct{ ID, Name, Dir, Class string }
 	json.Unmarshal([]byte(x.must("snapshot", "ls", "--json")), &snaps)
