@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/bench/internal/harness"
-	"github.com/nethersandbox/nether/client"
 	"github.com/nethersandbox/nether/nexus"
 )
 
@@ -70,7 +69,7 @@ func main() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				check(firstCommand(state, &nexus.Sandbox{ID: id}))
+				check(harness.NexusTrue(state, id))
 			}()
 		}
 		wg.Wait()
@@ -99,13 +98,13 @@ func main() {
 		if kids[0].Pool != "" || kids[0].Created.After(t0) {
 			fail(fmt.Errorf("the fork restored a new child instead of claiming a pool member"))
 		}
-		check(firstCommand(state, kids[0]))
+		check(harness.NexusTrue(state, kids[0].ID))
 		warm = append(warm, time.Since(t0))
 		t0 = time.Now()
 		// A cold fork: from a snapshot with no pool.
 		coldKids, err := coldFork(ctx, nx, snap)
 		check(err)
-		check(firstCommand(state, coldKids[0]))
+		check(harness.NexusTrue(state, coldKids[0].ID))
 		cold = append(cold, time.Since(t0))
 		check(nx.Remove(ctx, kids[0].ID, true))
 		check(nx.Remove(ctx, coldKids[0].ID, true))
@@ -154,18 +153,6 @@ func waitPool(ctx context.Context, nx *nexus.Nexus, snapID string, size int) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	fail(fmt.Errorf("the pool never reached %d ready members", size))
-}
-
-// firstCommand runs `true` in a sandbox over its control socket.
-func firstCommand(state string, sb *nexus.Sandbox) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := client.Dial(ctx, filepath.Join(state, "sandboxes", sb.ID, "ctl.sock"))
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return harness.Run(c, "true")
 }
 
 // bareForks starts n nethers restoring art, each in its own directory,

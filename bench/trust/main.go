@@ -38,7 +38,6 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/bench/internal/harness"
-	"github.com/nethersandbox/nether/client"
 	"github.com/nethersandbox/nether/nexus"
 	"github.com/nethersandbox/nether/nexus/trust"
 )
@@ -107,7 +106,7 @@ func main() {
 		t := time.Now()
 		kids, err := nx.Fork(ctx, nexus.ForkRequest{From: snap.ID, NoPool: true})
 		check(err)
-		check(firstCommand(state, kids[0]))
+		check(harness.NexusTrue(state, kids[0].ID))
 		d := time.Since(t)
 		check(nx.Remove(ctx, kids[0].ID, true))
 		// The next fork starts on a settled machine: the one removed
@@ -204,18 +203,6 @@ func (a *admissionLog) sorted() []time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return harness.Sorted(append([]time.Duration(nil), a.took...))
-}
-
-// firstCommand runs `true` in a sandbox over its control socket.
-func firstCommand(state string, sb *nexus.Sandbox) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := client.Dial(ctx, filepath.Join(state, "sandboxes", sb.ID, "ctl.sock"))
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	return harness.Run(c, "true")
 }
 
 func cleanup(nx *nexus.Nexus) {

@@ -90,6 +90,19 @@ func Exec(c *client.Client, line string) (string, error) {
 	return b.String(), nil
 }
 
+// NexusTrue runs `true` in the nexus sandbox id of the state directory
+// state, over its control socket: a fork's first command.
+func NexusTrue(state, id string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.Dial(ctx, filepath.Join(state, "sandboxes", id, "ctl.sock"))
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return Run(c, "true")
+}
+
 // FirstCommand starts a nether with conf and returns the time from process
 // start until its first command (`true`) was answered; the sandbox is
 // stopped afterwards.
