@@ -48,11 +48,6 @@ func main() {
 
 	n := 0
 	capture := func(c *client.Client, dir, verb string) (pause time.Duration, art string) {
-		// Every capture starts with the host's dirty page cache written
-		// back: one capture's writeback must not slow the next (by hand,
-		// a base's pause went from ~95 to ~430 ms right after a fork's
-		// capture wrote 225 MiB).
-		syscall.Sync()
 		n++
 		name := fmt.Sprintf("cap%d", n)
 		body, err := harness.Exec(c, verb+" "+name)
