@@ -48,20 +48,12 @@ type runDirs struct {
 // prepareRunDirs makes /run/nether and /run/secrets at boot, the latter
 // owned by the boot's run_as user.
 func (a *agent) prepareRunDirs() error {
-	uid, gid := a.owner()
 	if err := os.MkdirAll(filepath.Dir(a.identityFile), 0o755); err != nil {
 		return fmt.Errorf("identity: %w", err)
 	}
-	if err := os.MkdirAll(a.secretsDir, 0o500); err != nil {
-		return fmt.Errorf("secrets: %w", err)
-	}
-	if err := errors.Join(os.Chmod(a.secretsDir, 0o500), os.Chown(a.secretsDir, uid, gid)); err != nil {
-		return fmt.Errorf("secrets: %w", err)
-	}
 	a.runDirs.mu.Lock()
-	a.runDirs.ready, a.runDirs.owner = true, uid
-	a.runDirs.mu.Unlock()
-	return nil
+	defer a.runDirs.mu.Unlock()
+	return a.ensureSecretsDir(a.owner())
 }
 
 // owner is the run_as user's uid and gid (root's without one).
