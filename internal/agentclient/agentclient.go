@@ -114,37 +114,35 @@ func (c *Client) hello(_ context.Context, st *channel.Stream, req agentproto.Req
 	if req.Version != agentproto.Version {
 		// Every request would be misread: an older agent takes a base64
 		// command line for the command itself. Refuse to drive it.
-		c.badOnce.Do(func() {
-			c.badErr = fmt.Errorf("the guest agent speaks agent protocol %d, this nether speaks %d: rebuild the guest image (scripts/setup.sh)", req.Version, agentproto.Version)
-			c.log.Error("refusing to drive the guest agent", "err", c.badErr)
-			close(c.bad)
-		})
+		c.refuse(fmt.Errorf("the guest agent speaks agent protocol %d, this nether speaks %d: rebuild the guest image (scripts/setup.sh)", req.Version, agentproto.Version))
 		return
 	}
 	if req.Problem != "" {
 		// The guest is not what nether.conf asked for (a run_as user it
 		// does not know, a disk it could not mount): running commands in
 		// it anyway would run them another way than asked.
-		c.badOnce.Do(func() {
-			c.badErr = fmt.Errorf("the guest could not be set up as nether.conf asks: %s", agentproto.Printable(req.Problem, 1024))
-			c.log.Error("refusing to drive the guest agent", "err", c.badErr)
-			close(c.bad)
-		})
+		c.refuse(fmt.Errorf("the guest could not be set up as nether.conf asks: %s", agentproto.Printable(req.Problem, 1024)))
 		return
 	}
 	if c.provisionReq != nil {
 		// The guest takes its identity and secrets before anything may
 		// run in it: up waits for them.
 		if err := c.provision(context.Background(), *c.provisionReq); err != nil {
-			c.badOnce.Do(func() {
-				c.badErr = err
-				c.log.Error("refusing to drive the guest agent", "err", err)
-				close(c.bad)
-			})
+			c.refuse(err)
 			return
 		}
 	}
 	c.markUp()
+}
+
+// refuse marks the agent as one that cannot be driven, for why: WaitUp
+// answers with it from then on.
+func (c *Client) refuse(why error) {
+	c.badOnce.Do(func() {
+		c.badErr = why
+		c.log.Error("refusing to drive the guest agent", "err", why)
+		close(c.bad)
+	})
 }
 
 // SetProvision has the client hand a booted guest req's identity and
@@ -157,17 +155,24 @@ func (c *Client) provision(ctx context.Context, req agentproto.Request) error {
 	ctx, cancel := context.WithTimeout(ctx, c.StallTimeout)
 	defer cancel()
 	req.Op = agentproto.OpProvision
+	return c.ask(ctx, req, "handing the guest its identity and secrets", "ok 0 "+agentproto.Provisioned)
+}
+
+// ask sends req, stamped with the session epoch, with no payload, and
+// waits for the agent to close it with the status want; doing names the
+// request in errors.
+func (c *Client) ask(ctx context.Context, req agentproto.Request, doing, want string) error {
 	st, err := c.open(req)
 	if err != nil {
 		return err
 	}
 	st.CloseWrite(nil)
 	if _, err := drain(ctx, st); err != nil {
-		st.Reset("host gave up on the provision")
-		return fmt.Errorf("handing the guest its identity and secrets: %w", AgentError(err))
+		st.Reset("host gave up on the " + req.Op)
+		return fmt.Errorf("%s: %w", doing, AgentError(err))
 	}
-	if want := "ok 0 " + agentproto.Provisioned; string(st.Status()) != want {
-		return fmt.Errorf("handing the guest its identity and secrets: agent answered %q, want %q", truncate(string(st.Status()), 80), want)
+	if got := string(st.Status()); got != want {
+		return fmt.Errorf("%s: agent answered %q, want %q", doing, truncate(got, 80), want)
 	}
 	return nil
 }
