@@ -85,8 +85,7 @@ func (s *Session) Claim(ctx context.Context, c control.ClaimRequest) (string, er
 	defer cancel()
 	mac := s.newGuestMAC()
 	req := agentproto.Request{Fork: true, Hostname: hostname, MachineID: randomHex(16), MAC: macText(mac),
-		Identity: &agentproto.Identity{NodeID: boot.nodeID, VMID: sandboxID, BootID: boot.bootID,
-			PlanDigest: boot.planDigest, Token: boot.token}}
+		Identity: boot.of(sandboxID)}
 	var provisioned bool
 	provisioned, err = s.agent.Handshake(hctx, req)
 	if err == nil {

@@ -10,10 +10,7 @@ import (
 // same fields in their handshake.
 func (s *Session) provisionRequest() agentproto.Request {
 	v := s.getView()
-	req := agentproto.Request{Identity: &agentproto.Identity{
-		NodeID: v.boot.nodeID, VMID: v.identity.SandboxID, BootID: v.boot.bootID,
-		PlanDigest: v.boot.planDigest, Token: v.boot.token,
-	}}
+	req := agentproto.Request{Identity: v.boot.of(v.identity.SandboxID)}
 	if len(s.opt.Secrets) > 0 {
 		req.Secrets = s.opt.Secrets
 	}
@@ -31,4 +28,9 @@ func (s *Session) logProvisioned(provisioned bool, req agentproto.Request) {
 	if len(req.Secrets) > 0 {
 		s.log.Info("secrets delivered", "names", agentproto.SecretNames(req.Secrets))
 	}
+}
+
+// of is the identity the guest of sandbox vmID holds in this boot.
+func (b bootIdentity) of(vmID string) *agentproto.Identity {
+	return &agentproto.Identity{NodeID: b.nodeID, VMID: vmID, BootID: b.bootID, PlanDigest: b.planDigest, Token: b.token}
 }
