@@ -729,21 +729,7 @@ func setBool(dst *bool, v string) string {
 // The id ends up in logs, file names and the guest, so it is held to
 // printable ASCII: nothing that needs quoting in a log field or can hide
 // (spaces, control characters, look-alike Unicode).
-func checkSandboxID(v string) string {
-	if v == "" {
-		return "a sandbox id cannot be empty"
-	}
-	// Length before content, so an overlong value is not quoted in full.
-	if len(v) > MaxSandboxID {
-		return fmt.Sprintf("sandbox id is %d bytes long; at most %d are allowed", len(v), MaxSandboxID)
-	}
-	for i, r := range v {
-		if r < 0x21 || r > 0x7e {
-			return fmt.Sprintf("%q contains %q at byte %d; a sandbox id is printable ASCII (0x21-0x7e) without spaces", v, r, i)
-		}
-	}
-	return ""
-}
+func checkSandboxID(v string) string { return checkPrintable(v, "sandbox id", MaxSandboxID) }
 
 // setID takes a node or boot id: held to the sandbox id's rule, for the
 // same reasons (logs, the guest's identity file).
@@ -765,12 +751,13 @@ func checkPrintable(v, what string, max int) string {
 	if v == "" {
 		return "a " + what + " cannot be empty"
 	}
+	// Length before content, so an overlong value is not quoted in full.
 	if len(v) > max {
 		return fmt.Sprintf("%s is %d bytes long; at most %d are allowed", what, len(v), max)
 	}
 	for i, r := range v {
 		if r < 0x21 || r > 0x7e {
-			return fmt.Sprintf("%s contains %q at byte %d; printable ASCII (0x21-0x7e) without spaces only", what, r, i)
+			return fmt.Sprintf("%q contains %q at byte %d; a %s is printable ASCII (0x21-0x7e) without spaces", v, r, i, what)
 		}
 	}
 	return ""
