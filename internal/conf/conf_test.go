@@ -353,6 +353,8 @@ func TestParseErrors(t *testing.T) {
 		{"plan digest short", "plan_digest = abc", 1, "plan_digest", "want the 64 hex digits of a sha256"},
 		{"plan digest upper", "plan_digest = " + strings.Repeat("AB", 32), 1, "plan_digest", "want lowercase hex digits"},
 		{"boot id non-ascii", "boot_id = aéb", 1, "boot_id", "printable ASCII"},
+		{"node id too long", "node_id = " + strings.Repeat("n", MaxSandboxID+1), 1, "node_id", "node id is 129 bytes long"},
+		{"token with a blank", "identity_token = a\tb", 1, "identity_token", "not a single value"},
 		{"token too long", "identity_token = " + strings.Repeat("t", MaxIdentityToken+1), 1, "identity_token", "at most 2048"},
 		{"secrets fd stdio", "secrets_fd = 2", 1, "secrets_fd", ""},
 		{"hostname trailing dash", "hostname = box-", 1, "hostname", `"box-" starts or ends with '-'`},
