@@ -123,6 +123,22 @@ type DiskCapturer interface {
 	CaptureDisk(ctx context.Context, sink Sink) (wait func(context.Context) error, err error)
 }
 
+// Precopier is a Machine that can do most of a capture while the guest
+// runs, so the pause that follows costs what changed since instead of
+// what the guest holds.
+type Precopier interface {
+	// Precopy begins a capture into sink and returns once what is left
+	// is small. The engine may have paused the guest to finish (it then
+	// says since when in pausedAt; zero while the guest runs). The
+	// Capture into the same sink that follows, machine paused, finishes
+	// it; on an error the guest runs as before.
+	Precopy(ctx context.Context, sink Sink) (pausedAt time.Time, err error)
+	// AbortPrecopy ends a capture Precopy began and no Capture
+	// finished, the guest running as before Precopy unless the caller
+	// paused it; it does nothing otherwise.
+	AbortPrecopy()
+}
+
 // Incoming is a committed artifact to restore.
 type Incoming struct {
 	// Dir is the artifact directory. Its files are immutable: an engine

@@ -70,11 +70,14 @@ type captureResult struct {
 //  1. the gates: quiescence (no work in flight; snapshot_allow_dirty=1
 //     overrides it, for both kinds) and, for a park, the drain gate (no
 //     host-side bytes owed to the guest; park_dirty=1 overrides only that);
-//  2. freeze the components, so the paused guest's memory and their state
+//  2. the engine's precopy, when it has one: the bulk of the capture
+//     while the guest runs (it may stop the guest to finish);
+//  3. freeze the components, so the paused guest's memory and their state
 //     agree, and pause the engine (which drains what we already wrote);
-//  3. save every component's section and the engine's capture;
-//  4. resume (base) or halt for good (park);
-//  5. commit: checksums, metadata, fsync, marker last, rename into place.
+//  4. save every component's section and the engine's capture (what
+//     changed since the precopy);
+//  5. resume (base) or halt for good (park);
+//  6. commit: checksums, metadata, fsync, marker last, rename into place.
 //
 // Any failure removes the partial artifact; a base capture that fails
 // leaves the sandbox running as before. The capture gives up when the
@@ -127,18 +130,44 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		}
 	}()
 
-	// 2-3: freeze, pause, capture.
+	// 2: what the engine can copy while the guest runs.
+	var pausedAt time.Time
+	var precopy time.Duration
+	abortPrecopy := func() {}
+	if pc, ok := s.machine.(engine.Precopier); ok {
+		t := time.Now()
+		if pausedAt, err = pc.Precopy(ctx, w); err != nil {
+			return res, fmt.Errorf("capturing: %w", err)
+		}
+		precopy = time.Since(t)
+		abortPrecopy = pc.AbortPrecopy
+		defer abortPrecopy() // nothing once Capture finished it
+		// A command that began while the guest ran on is work in
+		// flight: the gate, again, without a wait.
+		if err := s.comps.quiescent(); err != nil && !s.cfg.SnapshotAllowDirty {
+			abortPrecopy()
+			return res, fmt.Errorf("guest not quiescent: %v (set snapshot_allow_dirty=1 to capture anyway)", err)
+		}
+	}
+
+	// 3-4: freeze, pause, capture. The pause counts from the engine's
+	// own stop when it stopped the guest first.
 	start := time.Now()
+	if !pausedAt.IsZero() && pausedAt.Before(start) {
+		start = pausedAt
+	}
 	s.comps.freeze()
 	if kind == snapshot.KindPark && !s.cfg.ParkDirty {
 		// Bytes that reached a bridge between the gate and the freeze
 		// would be lost with the park: the gate, again, without a wait.
 		if err := s.comps.drained(); err != nil {
+			abortPrecopy()
 			s.comps.thaw()
 			return res, fmt.Errorf("undelivered bytes: %v (set park_dirty=1 to park anyway and lose them)", err)
 		}
 	}
 	if err := s.machine.Pause(ctx); err != nil {
+		abortPrecopy()
 		s.comps.thaw()
 		return res, fmt.Errorf("pausing the guest: %w", err)
 	}
@@ -158,6 +187,7 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		}
 	}
 	fail := func(err error) (captureResult, error) {
+		abortPrecopy()
 		resumeGuest()
 		return res, err
 	}
@@ -193,11 +223,11 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 	if s.diskPath != "" && kind == snapshot.KindBase {
 		s.log.Info("disk captured", "copy_ms", time.Since(diskStart).Milliseconds())
 	}
-	s.log.Info("capture pause", "kind", kind, "pause_ms", res.pause.Milliseconds(),
+	s.log.Info("capture pause", "kind", kind, "pause_ms", res.pause.Milliseconds(), "precopy_ms", precopy.Milliseconds(),
 		"drain_and_stop_ms", paused.Sub(start).Milliseconds(), "device_state_ms", captured.DeviceState.Milliseconds(),
 		"ram_copy_ms", captured.RAMCopy.Milliseconds(), "ram_bytes", captured.RAMBytes)
 
-	// 5: commit (checksums and fsync happen here, with the guest running
+	// 6: commit (checksums and fsync happen here, with the guest running
 	// again for a base).
 	v := s.getView()
 	fp, err := s.fingerprintWith(s.machine.Info(), v.accel)

@@ -94,6 +94,10 @@ type Machine struct {
 	procLane *procLane
 	incoming *engine.Incoming
 	ramIn    ramMode // for an incoming machine: where its RAM comes from
+	ramMB    int
+	// live is a capture Precopy began (capture_linux.go); only the
+	// session's capture, which holds its own lock, touches it.
+	live *liveCapture
 
 	done    chan struct{}
 	waitErr error
@@ -104,6 +108,9 @@ type Machine struct {
 	mu       sync.Mutex
 	lastUse  engine.Usage
 	shutdown string // reason QEMU reported in its SHUTDOWN event
+	// stoppedAt is when QEMU last reported the guest stopped (its STOP
+	// event), which a live capture's pause counts from.
+	stoppedAt time.Time
 }
 
 // Start boots spec, or prepares a restore of spec.Incoming.
@@ -129,6 +136,7 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		done:    make(chan struct{}),
 		qmpDone: make(chan struct{}),
 		cmdline: spec.Cmdline,
+		ramMB:   spec.RAMMB,
 		display: spec.Display,
 		root:    spec.RootImage != "",
 		disk:    spec.Disk != nil,
@@ -572,6 +580,11 @@ func (m *Machine) exitError(what string) error {
 }
 
 func (m *Machine) onEvent(name string, data json.RawMessage) {
+	if name == "STOP" {
+		m.mu.Lock()
+		m.stoppedAt = time.Now()
+		m.mu.Unlock()
+	}
 	if name == "SHUTDOWN" {
 		var d struct {
 			Reason string `json:"reason"`

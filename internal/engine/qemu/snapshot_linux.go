@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -233,6 +234,12 @@ func (m *Machine) migrationTuning(ctx context.Context, ignoreShared bool) error 
 // by the migration (x-ignore-shared) and copied sparsely into "ram"; RAM
 // QEMU maps privately (a restore of a base) goes into the stream.
 func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Captured, error) {
+	if lc := m.live; lc != nil {
+		if lc.sink == sink {
+			return m.finishLive(ctx, lc)
+		}
+		m.AbortPrecopy()
+	}
 	var out engine.Captured
 	state, err := sink.CreateFile("state")
 	if err != nil {
@@ -260,10 +267,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return out, fmt.Errorf("saving device state: %w", err)
 	}
 	out.DeviceState = time.Since(start)
-	sec := section{RAM: ramStream, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil, RootImage: m.root, Disk: m.disk, CPU: m.cpu}
-	if m.procLane != nil {
-		sec.Lane = laneBytes
-	}
+	sec := m.section(ramStream)
 	if ram != nil {
 		sec.RAM = ramFile
 		start = time.Now()
@@ -277,6 +281,16 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return out, err
 	}
 	return out, nil
+}
+
+// section describes the machine for a restore of a capture whose RAM is
+// in mode.
+func (m *Machine) section(mode ramMode) section {
+	sec := section{RAM: mode, VMGenID: m.vmgenid, Cmdline: m.cmdline, Display: m.display, NIC: m.nic != nil, RootImage: m.root, Disk: m.disk, CPU: m.cpu}
+	if m.procLane != nil {
+		sec.Lane = laneBytes
+	}
+	return sec
 }
 
 // LoadIncoming loads the device state of a machine started with an
@@ -427,3 +441,231 @@ var zeroPage [4096]byte
 // isZero compares against a zero page: bytes.Equal is vectorised, a loop
 // over bytes is not.
 func isZero(b []byte) bool { return bytes.Equal(b, zeroPage[:len(b)]) }
+
+// sparseMirror keeps dst, a sparse copy of src taken while src changed,
+// up to date with src, writing only what differs. Both are mapped once
+// and their data pre-faulted (prepare, while the guest runs), so a
+// refresh in the pause reads memory instead of taking page faults. Only
+// data extents are touched: reading a memfd's hole through a map would
+// allocate it.
+type sparseMirror struct {
+	src, dst       *os.File
+	size           int64
+	srcMap, dstMap []byte
+}
+
+// prepare maps both files and faults their data in.
+func (mr *sparseMirror) prepare() error {
+	fi, err := mr.src.Stat()
+	if err != nil {
+		return err
+	}
+	mr.size = fi.Size()
+	if mr.size == 0 {
+		return nil
+	}
+	if err := mr.dst.Truncate(mr.size); err != nil {
+		return err
+	}
+	if mr.srcMap, err = unix.Mmap(int(mr.src.Fd()), 0, int(mr.size), unix.PROT_READ, unix.MAP_SHARED); err != nil {
+		return fmt.Errorf("mapping %s: %w", mr.src.Name(), err)
+	}
+	if mr.dstMap, err = unix.Mmap(int(mr.dst.Fd()), 0, int(mr.size), unix.PROT_READ, unix.MAP_SHARED); err != nil {
+		mr.close()
+		return fmt.Errorf("mapping %s: %w", mr.dst.Name(), err)
+	}
+	for _, m := range []struct {
+		f   *os.File
+		mem []byte
+	}{{mr.src, mr.srcMap}, {mr.dst, mr.dstMap}} {
+		ext, err := dataPieces(m.f, mr.size, mr.size)
+		if err != nil {
+			mr.close()
+			return err
+		}
+		// A read of every page makes the map's page table entries: a
+		// page's first read through a new map costs a fault (a
+		// microsecond or more here, and MADV_POPULATE_READ did not
+		// spare it), which the pause then does not pay.
+		var sum byte
+		for _, e := range ext {
+			for p := e[0]; p < e[1]; p += 4096 {
+				sum += m.mem[p]
+			}
+		}
+		touched += int(sum)
+	}
+	return nil
+}
+
+// touched keeps prepare's reads from being optimised away.
+var touched int
+
+func (mr *sparseMirror) close() {
+	if mr.srcMap != nil {
+		unix.Munmap(mr.srcMap)
+		mr.srcMap = nil
+	}
+	if mr.dstMap != nil {
+		unix.Munmap(mr.dstMap)
+		mr.dstMap = nil
+	}
+}
+
+// refresh makes dst equal to src: the pages whose bytes differ (runs of
+// them in one write), holes for pages that became zero and for ranges
+// src no longer holds. It returns the bytes written.
+func (mr *sparseMirror) refresh() (int64, error) {
+	src, dst, size := mr.src, mr.dst, mr.size
+	if size == 0 {
+		return 0, nil
+	}
+	if fi, err := src.Stat(); err != nil || fi.Size() != size {
+		return 0, fmt.Errorf("%s changed size during the capture (%v)", src.Name(), err)
+	}
+	srcExt, err := dataPieces(src, size, size)
+	if err != nil {
+		return 0, err
+	}
+	dstExt, err := dataPieces(dst, size, size)
+	if err != nil {
+		return 0, err
+	}
+	punch := func(off, n int64) error {
+		if err := unix.Fallocate(int(dst.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n); err != nil {
+			return fmt.Errorf("punching a hole in %s: %w", dst.Name(), err)
+		}
+		return nil
+	}
+	// What dst holds that src does not: holes.
+	for _, d := range subtractExtents(dstExt, srcExt) {
+		if err := punch(d[0], d[1]-d[0]); err != nil {
+			return 0, err
+		}
+	}
+	// Two halves at once: the pause has both cores (the vCPUs are
+	// stopped) and the compare is bound by memory reads.
+	halves := splitExtents(srcExt)
+	var wg sync.WaitGroup
+	written := make([]int64, len(halves))
+	errs := make([]error, len(halves))
+	for i, h := range halves {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			written[i], errs[i] = mr.refreshExtents(h, dstExt, punch)
+		}()
+	}
+	wg.Wait()
+	var n int64
+	for i := range halves {
+		n += written[i]
+		if errs[i] != nil {
+			return n, errs[i]
+		}
+	}
+	return n, nil
+}
+
+// splitExtents cuts sorted extents into two lists of about equal bytes.
+func splitExtents(ext [][2]int64) [][][2]int64 {
+	var total int64
+	for _, e := range ext {
+		total += e[1] - e[0]
+	}
+	half := (total / 2) &^ 4095
+	var first, second [][2]int64
+	var seen int64
+	for _, e := range ext {
+		switch {
+		case seen >= half:
+			second = append(second, e)
+		case seen+e[1]-e[0] <= half:
+			first = append(first, e)
+		default:
+			cut := e[0] + half - seen
+			first = append(first, [2]int64{e[0], cut})
+			second = append(second, [2]int64{cut, e[1]})
+		}
+		seen += e[1] - e[0]
+	}
+	return [][][2]int64{first, second}
+}
+
+// refreshExtents brings the src extents ext of dst up to date; dstExt
+// are dst's data extents.
+func (mr *sparseMirror) refreshExtents(ext, dstExt [][2]int64, punch func(off, n int64) error) (int64, error) {
+	srcMap, dstMap, dst := mr.srcMap, mr.dstMap, mr.dst
+	const page = 4096
+	var written int64
+	runStart := int64(-1)
+	flush := func(end int64) error {
+		if runStart < 0 {
+			return nil
+		}
+		if _, err := dst.WriteAt(srcMap[runStart:end], runStart); err != nil {
+			return fmt.Errorf("writing %s: %w", dst.Name(), err)
+		}
+		written += end - runStart
+		runStart = -1
+		return nil
+	}
+	j := 0 // dstExt[j] is the first extent that ends after p
+	for _, e := range ext {
+		for p := e[0]; p < e[1]; p += page {
+			end := min(p+page, e[1])
+			for j < len(dstExt) && dstExt[j][1] <= p {
+				j++
+			}
+			s := srcMap[p:end]
+			var same bool
+			if j < len(dstExt) && dstExt[j][0] <= p {
+				same = bytes.Equal(s, dstMap[p:end])
+			} else {
+				same = isZero(s)
+			}
+			switch {
+			case same:
+				if err := flush(p); err != nil {
+					return written, err
+				}
+			case isZero(s):
+				if err := flush(p); err != nil {
+					return written, err
+				}
+				if err := punch(p, end-p); err != nil {
+					return written, err
+				}
+			case runStart < 0:
+				runStart = p
+			}
+		}
+		if err := flush(e[1]); err != nil {
+			return written, err
+		}
+	}
+	return written, nil
+}
+
+// subtractExtents returns the parts of a (sorted, disjoint extents) that
+// b (the same) does not cover.
+func subtractExtents(a, b [][2]int64) [][2]int64 {
+	var out [][2]int64
+	j := 0
+	for _, e := range a {
+		start := e[0]
+		for j < len(b) && b[j][1] <= start {
+			j++
+		}
+		for k := j; k < len(b) && b[k][0] < e[1]; k++ {
+			if b[k][0] > start {
+				out = append(out, [2]int64{start, b[k][0]})
+			}
+			start = max(start, b[k][1])
+		}
+		if start < e[1] {
+			out = append(out, [2]int64{start, e[1]})
+		}
+	}
+	return out
+}
