@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -56,8 +57,10 @@ type liveCapture struct {
 	// filtered closes when the stream filter is done, filterErr set.
 	filtered  chan struct{}
 	filterErr error
-	ramBytes  int64 // bytes of guest memory written
-	mirror    *sparseMirror
+	ramBytes  int64         // bytes of guest memory written
+	refreshed int64         // and in the pause, by the refresh
+	mirror    *sparseMirror // shared guest memory and its copy
+	private   *privateRAM   // privately mapped guest memory
 	precopied time.Duration
 	// stoppedBy: nether stopped the guest to end the passes (QEMU did
 	// not converge); an abort must start it again.
@@ -93,6 +96,12 @@ func (m *Machine) Precopy(ctx context.Context, sink engine.Sink) (pausedAt time.
 			return time.Time{}, fmt.Errorf("copying guest memory: %w", err)
 		}
 		lc.precopied = time.Since(start)
+	}
+	if m.mem == nil && m.incoming != nil && m.ramIn == ramFile {
+		lc.private, err = openPrivateRAM(m.cmd.Process.Pid, filepath.Join(m.incoming.Dir, "ram"), m.ramBytesTotal())
+		if err != nil {
+			return time.Time{}, err
+		}
 	}
 	if err := m.liveTuning(ctx); err != nil {
 		return time.Time{}, fmt.Errorf("preparing migration: %w", err)
@@ -183,6 +192,9 @@ func (m *Machine) AbortPrecopy() {
 	if lc.mirror != nil {
 		lc.mirror.close()
 	}
+	if lc.private != nil {
+		lc.private.close()
+	}
 	for _, f := range []*os.File{lc.state, lc.ram} {
 		if f != nil {
 			f.Close()
@@ -205,7 +217,7 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 		go func() {
 			t := time.Now()
 			n, err := lc.mirror.refresh()
-			lc.ramBytes += n
+			lc.refreshed = n
 			refreshTime = time.Since(t)
 			refreshed <- err
 		}()
@@ -235,6 +247,16 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 	case rerr != nil:
 		return out, fmt.Errorf("copying guest memory: %w", rerr)
 	}
+	if lc.private != nil {
+		t := time.Now()
+		n, err := lc.private.refresh(lc.ram)
+		if err != nil {
+			return out, fmt.Errorf("copying guest memory: %w", err)
+		}
+		lc.refreshed, refreshTime = n, time.Since(t)
+		lc.private.close()
+		lc.private = nil
+	}
 	out.DeviceState, out.RAMCopy = time.Since(start), refreshTime
 	m.live = nil
 	if lc.mirror != nil {
@@ -246,7 +268,7 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 		f.Close()
 	}
 	sec := m.section(ramFile)
-	out.RAMInFile, out.RAMBytes = true, lc.ramBytes
+	out.RAMInFile, out.RAMBytes = sec.RAM == ramFile, lc.ramBytes+lc.refreshed
 	if out.Section, err = sec.encode(); err != nil {
 		return out, err
 	}
@@ -289,7 +311,7 @@ func (m *Machine) filterStream(lc *liveCapture) (err error) {
 			if err := lc.ram.Truncate(size); err != nil {
 				return fmt.Errorf("sizing the artifact's guest memory: %w", err)
 			}
-			ram.written = make([]uint64, (size/streamPage+63)/64)
+			ram.size(size)
 			f.take[block] = ram.page
 		case m.procLane != nil && (block == "lane0" || strings.HasSuffix(block, "/lane0")):
 			f.take[block] = nil
@@ -387,6 +409,7 @@ func (m *Machine) ramBytesTotal() int64 { return int64(m.ramMB) << 20 }
 // holes (punched where a page an earlier pass sent became zero).
 type ramFileWriter struct {
 	f       *os.File
+	pages   int64    // the guest memory's size in pages
 	written []uint64 // a bit for each page holding data
 	run     []byte
 	runOff  int64
@@ -395,9 +418,15 @@ type ramFileWriter struct {
 
 const ramRunMax = 1 << 20
 
+// size sets the guest memory's size, before the first page.
+func (w *ramFileWriter) size(bytes int64) {
+	w.pages = bytes / streamPage
+	w.written = make([]uint64, (w.pages+63)/64)
+}
+
 func (w *ramFileWriter) page(off int64, page []byte) error {
 	n := off / streamPage
-	if n/64 >= int64(len(w.written)) {
+	if off < 0 || n >= w.pages {
 		return fmt.Errorf("a page at %#x, past the guest memory's end", off)
 	}
 	if page == nil {

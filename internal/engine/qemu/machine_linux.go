@@ -455,7 +455,12 @@ func commandLine(spec engine.Spec, cmdline, cpu string, socks map[string]string,
 		args = append(args, "-blockdev", dataBlockdev(spec.Disk), "-device", dataDevice)
 	}
 	if spec.Incoming != nil {
-		args = append(args, "-incoming", "defer")
+		// -S: the loaded guest stays paused until nether resumes it,
+		// whatever run state the capture recorded. A live capture
+		// records "running" (QEMU stopped the guest itself), and QEMU
+		// would otherwise start it the moment its state is loaded,
+		// before nether has wired the channel to it.
+		args = append(args, "-incoming", "defer", "-S")
 	}
 	if spec.Accel == engine.AccelKVM {
 		args = append(args, "-accel", "kvm")

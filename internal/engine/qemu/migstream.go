@@ -328,8 +328,8 @@ func (f *streamFilter) record(header, flags uint64, off int64) error {
 	if !ok {
 		return fmt.Errorf("%w: a page of block %q, which the block list does not name", errStreamFormat, f.cur)
 	}
-	if off >= size {
-		return fmt.Errorf("%w: a page at %#x of block %q, %d bytes long", errStreamFormat, off, f.cur, size)
+	if off < 0 || off >= size {
+		return fmt.Errorf("%w: a page at %#x of block %q, %d bytes long", errStreamFormat, uint64(off), f.cur, size)
 	}
 	var page []byte
 	if flags&ramPage != 0 {
