@@ -62,6 +62,9 @@ type liveCapture struct {
 	mirror    *sparseMirror // shared guest memory and its copy
 	private   *privateRAM   // privately mapped guest memory
 	precopied time.Duration
+	// lane carries the lane's bytes, read once the guest is stopped,
+	// to the filter that puts them at the end of the final pass.
+	lane chan laneRead
 	// stoppedBy: nether stopped the guest to end the passes (QEMU did
 	// not converge); an abort must start it again.
 	stoppedBy bool
@@ -73,7 +76,7 @@ type liveCapture struct {
 // is when the guest stopped.
 func (m *Machine) Precopy(ctx context.Context, sink engine.Sink) (pausedAt time.Time, err error) {
 	m.AbortPrecopy()
-	lc := &liveCapture{sink: sink, filtered: make(chan struct{})}
+	lc := &liveCapture{sink: sink, filtered: make(chan struct{}), lane: make(chan laneRead, 1)}
 	m.live = lc
 	defer func() {
 		if err != nil {
@@ -224,19 +227,32 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 	} else {
 		refreshed <- nil
 	}
+	if m.procLane != nil {
+		// The lane is final now (the guest is stopped, the host's
+		// side frozen): read it while QEMU finishes, for the filter to
+		// put at the end of the final pass.
+		go func() {
+			buf := make([]byte, laneBytes)
+			_, err := m.procLane.ReadAt(buf, 0)
+			lc.lane <- laneRead{buf, err}
+		}()
+	}
 	if _, err := m.qmp.execute(ctx, "migrate-continue", map[string]any{"state": "pre-switchover"}); err != nil {
 		<-refreshed
 		return out, fmt.Errorf("finishing migration: %w", err)
 	}
-	werr := m.waitMigration(ctx)
+	// The filter ends when QEMU has written its last byte; QEMU then
+	// reports the migration completed, or why it failed.
 	var ferr error
-	if werr == nil {
-		select {
-		case <-lc.filtered:
-			ferr = lc.filterErr
-		case <-ctx.Done():
-			ferr = fmt.Errorf("writing the artifact's device state: %w", ctx.Err())
-		}
+	select {
+	case <-lc.filtered:
+		ferr = lc.filterErr
+	case <-m.done:
+	case <-ctx.Done():
+	}
+	werr := m.waitMigration(ctx)
+	if werr == nil && ferr == nil && ctx.Err() != nil {
+		ferr = fmt.Errorf("writing the artifact's device state: %w", ctx.Err())
 	}
 	rerr := <-refreshed
 	switch {
@@ -260,9 +276,9 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 	out.DeviceState, out.RAMCopy = time.Since(start), refreshTime
 	m.live = nil
 	if lc.mirror != nil {
-		// Unmapping hundreds of MiB takes tens of milliseconds: not in
-		// the pause.
-		go lc.mirror.close()
+		// Unmapping hundreds of MiB takes tens of milliseconds of CPU:
+		// not in the pause, nor beside the guest's resume.
+		time.AfterFunc(time.Second, lc.mirror.close)
 	}
 	for _, f := range []*os.File{lc.conn, lc.state, lc.ram} {
 		f.Close()
@@ -316,7 +332,7 @@ func (m *Machine) filterStream(lc *liveCapture) (err error) {
 		case m.procLane != nil && (block == "lane0" || strings.HasSuffix(block, "/lane0")):
 			f.take[block] = nil
 			f.atEnd = func(put func(string, int64, []byte) error) error {
-				return m.putLane(block, size, put)
+				return m.putLane(lc, block, size, put)
 			}
 		}
 		return nil
@@ -334,14 +350,23 @@ func (m *Machine) filterStream(lc *liveCapture) (err error) {
 	return nil
 }
 
-// putLane writes the lane whole into the stream's final pass.
-func (m *Machine) putLane(block string, size int64, put func(string, int64, []byte) error) error {
-	buf := make([]byte, size)
-	if _, err := m.procLane.ReadAt(buf, 0); err != nil {
-		return fmt.Errorf("reading the channel's lane: %w", err)
+type laneRead struct {
+	buf []byte
+	err error
+}
+
+// putLane writes the lane whole into the stream's final pass, as
+// finishLive read it.
+func (m *Machine) putLane(lc *liveCapture, block string, size int64, put func(string, int64, []byte) error) error {
+	r := <-lc.lane
+	if r.err != nil {
+		return fmt.Errorf("reading the channel's lane: %w", r.err)
+	}
+	if int64(len(r.buf)) != size {
+		return fmt.Errorf("the stream's lane is %d bytes, the lane %d", size, len(r.buf))
 	}
 	for off := int64(0); off < size; off += streamPage {
-		if err := put(block, off, buf[off:off+streamPage]); err != nil {
+		if err := put(block, off, r.buf[off:off+streamPage]); err != nil {
 			return err
 		}
 	}
