@@ -65,6 +65,9 @@ type liveCapture struct {
 	// lane carries the lane's bytes, read once the guest is stopped,
 	// to the filter that puts them at the end of the final pass.
 	lane chan laneRead
+	// passesDone closes when the stream's passes are in "ram" and its
+	// final pass begins.
+	passesDone chan struct{}
 	// stoppedBy: nether stopped the guest to end the passes (QEMU did
 	// not converge); an abort must start it again.
 	stoppedBy bool
@@ -76,7 +79,7 @@ type liveCapture struct {
 // is when the guest stopped.
 func (m *Machine) Precopy(ctx context.Context, sink engine.Sink) (pausedAt time.Time, err error) {
 	m.AbortPrecopy()
-	lc := &liveCapture{sink: sink, filtered: make(chan struct{}), lane: make(chan laneRead, 1)}
+	lc := &liveCapture{sink: sink, filtered: make(chan struct{}), lane: make(chan laneRead, 1), passesDone: make(chan struct{})}
 	m.live = lc
 	defer func() {
 		if err != nil {
@@ -224,6 +227,25 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 			refreshTime = time.Since(t)
 			refreshed <- err
 		}()
+	} else if lc.private != nil {
+		go func() {
+			// Once the passes are written (the final pass writes what
+			// this does: the guest is stopped).
+			select {
+			case <-lc.passesDone:
+			case <-lc.filtered:
+				select {
+				case <-lc.passesDone:
+				default:
+					refreshed <- nil // failed before the final pass: no capture to mend
+					return
+				}
+			}
+			t := time.Now()
+			n, err := lc.private.refresh(lc.ram)
+			lc.refreshed, refreshTime = n, time.Since(t)
+			refreshed <- err
+		}()
 	} else {
 		refreshed <- nil
 	}
@@ -238,6 +260,7 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 		}()
 	}
 	if _, err := m.qmp.execute(ctx, "migrate-continue", map[string]any{"state": "pre-switchover"}); err != nil {
+		lc.conn.Close() // the filter ends, and the refresh waiting on it
 		<-refreshed
 		return out, fmt.Errorf("finishing migration: %w", err)
 	}
@@ -254,6 +277,11 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 	if werr == nil && ferr == nil && ctx.Err() != nil {
 		ferr = fmt.Errorf("writing the artifact's device state: %w", ctx.Err())
 	}
+	select {
+	case <-lc.filtered:
+	default:
+		lc.conn.Close() // QEMU is gone or the time is up: end the filter, and the refresh waiting on it
+	}
 	rerr := <-refreshed
 	switch {
 	case werr != nil:
@@ -264,12 +292,6 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 		return out, fmt.Errorf("copying guest memory: %w", rerr)
 	}
 	if lc.private != nil {
-		t := time.Now()
-		n, err := lc.private.refresh(lc.ram)
-		if err != nil {
-			return out, fmt.Errorf("copying guest memory: %w", err)
-		}
-		lc.refreshed, refreshTime = n, time.Since(t)
 		lc.private.close()
 		lc.private = nil
 	}
@@ -335,6 +357,15 @@ func (m *Machine) filterStream(lc *liveCapture) (err error) {
 				return m.putLane(lc, block, size, put)
 			}
 		}
+		return nil
+	}
+	f.beforeEnd = func() error {
+		// The passes are written: the private refresh may start beside
+		// the final pass, whose pages are the ones it writes too.
+		if err := ram.flush(); err != nil {
+			return err
+		}
+		close(lc.passesDone)
 		return nil
 	}
 	if err := f.run(); err != nil {

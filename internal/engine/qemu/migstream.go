@@ -72,6 +72,9 @@ type streamFilter struct {
 	// choose, when set, sees each block of the list as it is read and
 	// may add it to take (or set atEnd).
 	choose func(block string, size int64) error
+	// beforeEnd, when set, runs when the last RAM section begins: every
+	// page of the passes before it has been handed on.
+	beforeEnd func() error
 	// atEnd runs once, at the end of the last RAM section (QEMU writes
 	// it with the vCPUs stopped): the pages it puts join the stream.
 	atEnd func(put func(block string, off int64, page []byte) error) error
@@ -148,6 +151,11 @@ func (f *streamFilter) run() error {
 			}
 			if !f.haveRAM || id != f.ramID || f.ramDone {
 				return fmt.Errorf("%w: section %d continues no open section nether knows", errStreamFormat, id)
+			}
+			if t == secEnd && f.beforeEnd != nil {
+				if err := f.beforeEnd(); err != nil {
+					return err
+				}
 			}
 			if err := f.ram(t == secEnd); err != nil {
 				return err
