@@ -881,7 +881,10 @@ func TestArtifactFormat(t *testing.T) {
 func TestKillDuringCapture(t *testing.T) {
 	art := sharedBase(t)
 	for _, verb := range []string{"__snapshot__", "__park__"} {
-		for _, delay := range []time.Duration{0, 20 * time.Millisecond, 60 * time.Millisecond, 250 * time.Millisecond} {
+		// A capture copies most of the guest's memory while the guest
+		// runs (about a second for this fork) and pauses it at the end:
+		// the later kills land in the pause and the commit.
+		for _, delay := range []time.Duration{0, 20 * time.Millisecond, 60 * time.Millisecond, 250 * time.Millisecond, 700 * time.Millisecond, 1100 * time.Millisecond, 1800 * time.Millisecond} {
 			t.Run(fmt.Sprintf("%s after %s", strings.Trim(verb, "_"), delay), func(t *testing.T) {
 				sb := forkOf(t, art)
 				raw := rawDial(t, sb.sock)
