@@ -7,7 +7,7 @@
 //
 //   - -fanout concurrent forks of one base: time until all answer, and the
 //     host memory (sum of PSS) of the idle forks against the same number of
-//     restores that load guest memory from the state stream (copies);
+//     restores that copy guest memory (wakes of as many parks);
 //
 //   - the pause of __snapshot__ for a 512 MiB guest with ~100 MiB written;
 //
@@ -96,25 +96,25 @@ func main() {
 	fmt.Printf("  ratio fork / cold boot: %.2f\n", float64(harness.Percentile(fs, 50))/float64(cold))
 	fmt.Printf("  fork on request (pre-started engine pool): not built yet\n\n")
 
-	// Fan-out, then the same number of restores that copy memory: the
-	// artifact of a fork is a stream artifact (its RAM rides in the state).
-	all, pss, err := fan(repo, art, *fanout)
+	// Fan-out, then the same number of restores that copy memory: wakes
+	// of parks, each its own (a park wakes once, into memory of its own).
+	all, pss, err := fan(repo, repeat(art, *fanout))
 	check(err)
-	_, pss1, err := fan(repo, art, 1)
+	_, pss1, err := fan(repo, []string{art})
 	check(err)
-	streamArt, err := streamArtifact(repo, art)
+	parks, err := parkArtifacts(repo, art, *fanout)
 	check(err)
-	_, pssCopy, err := fan(repo, streamArt, *fanout)
+	_, pssCopy, err := fan(repo, parks)
 	check(err)
 	fmt.Printf("%d concurrent forks of the 512 MiB base:\n", *fanout)
 	fmt.Printf("  all answered after %s\n", harness.MS(all))
 	fmt.Printf("  host memory of the idle forks (sum of PSS, QEMU + nether): %s; one fork alone: %s\n", harness.MiB(pss), harness.MiB(pss1))
 	fmt.Printf("  marginal per additional fork: %s (target <= 64 MiB)\n", harness.MiB((pss-pss1)/int64(*fanout-1)))
-	fmt.Printf("  the same number of restores that copy guest memory: %s (%.1fx)\n\n", harness.MiB(pssCopy), float64(pssCopy)/float64(pss))
+	fmt.Printf("  the same number of restores that copy guest memory (wakes of parks): %s (%.1fx)\n\n", harness.MiB(pssCopy), float64(pssCopy)/float64(pss))
 
 	// Park -> wake -> first command, repeatedly (each wake parks again).
-	// The first park is of a fork, whose RAM is a private map, so it
-	// streams RAM; the woken guests after it keep RAM in a shared file.
+	// The first park is of a fork (whose RAM is a private map); the
+	// woken guests after it keep RAM in a shared memfd of their own.
 	var wakes []time.Duration
 	prev := art
 	for i := 0; i < 5; i++ {
@@ -227,16 +227,16 @@ func forkOnce(repo, art string) (time.Duration, error) {
 
 // fan starts k forks at once, returns when all answered and the sum of
 // their PSS once idle.
-func fan(repo, art string, k int) (time.Duration, int64, error) {
+func fan(repo string, arts []string) (time.Duration, int64, error) {
 	start := time.Now()
-	sbs := make([]*testharness.Sandbox, k)
-	errs := make([]error, k)
+	sbs := make([]*testharness.Sandbox, len(arts))
+	errs := make([]error, len(arts))
 	var wg sync.WaitGroup
 	for i := range sbs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sb, err := harness.Start(repo, "restore = 1\nrestore_from = "+art+"\n")
+			sb, err := harness.Start(repo, "restore = 1\nrestore_from = "+arts[i]+"\n")
 			if err != nil {
 				errs[i] = err
 				return
@@ -274,27 +274,45 @@ func fan(repo, art string, k int) (time.Duration, int64, error) {
 	return all, pss, nil
 }
 
-// streamArtifact makes a stream artifact of the same guest: a fork's RAM
-// is a private map, so its snapshot carries RAM in the state stream, and
-// restores of it copy that memory.
-func streamArtifact(repo, art string) (string, error) {
-	sb, err := harness.Start(repo, "restore = 1\nrestore_from = "+art+"\n")
+func repeat(s string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = s
+	}
+	return out
+}
+
+// parkArtifacts parks k forks of art, one after another, and returns the
+// parks: a wake takes its park's memory as its own (a copy), so k wakes
+// are the baseline of k restores that share nothing.
+func parkArtifacts(repo, art string, k int) ([]string, error) {
+	dir, err := os.MkdirTemp("", "nether-bench-parks-")
 	if err != nil {
-		return "", err
+		return nil, err
 	}
-	defer sb.Close()
-	c, err := sb.Dial(30 * time.Second)
-	if err != nil {
-		return "", err
+	var parks []string
+	for i := 0; i < k; i++ {
+		sb, err := harness.Start(repo, "restore = 1\nrestore_from = "+art+"\n")
+		if err != nil {
+			return nil, err
+		}
+		c, err := sb.Dial(60 * time.Second)
+		if err != nil {
+			sb.Close()
+			return nil, err
+		}
+		_, err = harness.Exec(c, "__park__ park")
+		c.Close()
+		if err == nil {
+			sb.Wait(30 * time.Second)
+			dst := filepath.Join(dir, fmt.Sprintf("park%d", i))
+			err = os.Rename(filepath.Join(sb.Dir, "park"), dst)
+			parks = append(parks, dst)
+		}
+		sb.Close()
+		if err != nil {
+			return nil, err
+		}
 	}
-	defer c.Close()
-	if _, err := harness.Exec(c, "__snapshot__ stream"); err != nil {
-		return "", err
-	}
-	dir, err := os.MkdirTemp("", "nether-bench-stream-")
-	if err != nil {
-		return "", err
-	}
-	dst := filepath.Join(dir, "stream")
-	return dst, os.Rename(filepath.Join(sb.Dir, "stream"), dst)
+	return parks, nil
 }
