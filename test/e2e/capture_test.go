@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nethersandbox/nether/client"
 )
 
 // busyWriter appends a numbered line to /tmp/busy every few milliseconds,
@@ -47,13 +49,15 @@ func TestLiveCaptureOfABusyGuest(t *testing.T) {
 	c := fork.dial()
 	mustRun(t, c, busyWriter)
 	time.Sleep(500 * time.Millisecond)
-	for i := 1; i <= 3; i++ {
-		rel := fmt.Sprintf("fork%d", i)
-		snap := takeSnapshot(t, fork, c, rel)
+	// captureAndCheck captures sb busy and restores the capture.
+	captureAndCheck := func(sb *sandbox, c *client.Client, rel, what string) {
+		snap := takeSnapshot(t, sb, c, rel)
 		r := forkOf(t, snap)
-		n := checkBusyFile(t, r, "restore of "+rel)
-		t.Logf("restore of a busy fork's capture %d: %d lines whole", i, n)
+		t.Logf("restore of %s: %d lines whole", what, checkBusyFile(t, r, "restore of "+rel))
 		shutdown(t, r, r.dial())
+	}
+	for i := 1; i <= 3; i++ {
+		captureAndCheck(fork, c, fmt.Sprintf("fork%d", i), fmt.Sprintf("a busy fork's capture %d", i))
 	}
 	body, exit := run(t, c, "__park__ parked")
 	if exit != 0 || !strings.HasPrefix(body, "OK parked parked pause_ms=") {
@@ -65,11 +69,6 @@ func TestLiveCaptureOfABusyGuest(t *testing.T) {
 	wc := woken.dial()
 	for i := 1; i <= 3; i++ {
 		time.Sleep(300 * time.Millisecond)
-		rel := fmt.Sprintf("woken%d", i)
-		snap := takeSnapshot(t, woken, wc, rel)
-		r := forkOf(t, snap)
-		n := checkBusyFile(t, r, "restore of "+rel)
-		t.Logf("restore of a busy woken park's capture %d: %d lines whole", i, n)
-		shutdown(t, r, r.dial())
+		captureAndCheck(woken, wc, fmt.Sprintf("woken%d", i), fmt.Sprintf("a busy woken park's capture %d", i))
 	}
 }

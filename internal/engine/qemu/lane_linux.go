@@ -86,6 +86,16 @@ func (l *procLane) open(pid int) error {
 // findMapping returns the start of the mapping of size bytes whose path
 // begins with name in a /proc/PID/maps file.
 func findMapping(mapsPath, name string, size int64) (int64, error) {
+	return findMappingWhere(mapsPath, size, name, func(_, _, path string) bool {
+		return strings.HasPrefix(path, name)
+	})
+}
+
+// findMappingWhere returns the start of the first mapping in a
+// /proc/PID/maps file that maps a whole object of size bytes from its
+// start and whose device, inode and path match; what names the object in
+// the error.
+func findMappingWhere(mapsPath string, size int64, what string, match func(dev, inode, path string) bool) (int64, error) {
 	f, err := os.Open(mapsPath)
 	if err != nil {
 		return 0, fmt.Errorf("reading QEMU's memory map: %w", err)
@@ -95,7 +105,7 @@ func findMapping(mapsPath, name string, size int64) (int64, error) {
 	for sc.Scan() {
 		// start-end perms offset dev inode path
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 6 || !strings.HasPrefix(fields[5], name) {
+		if len(fields) < 6 || !match(fields[3], fields[4], fields[5]) {
 			continue
 		}
 		start, end, ok := strings.Cut(fields[0], "-")
@@ -105,14 +115,14 @@ func findMapping(mapsPath, name string, size int64) (int64, error) {
 		s, err1 := strconv.ParseUint(start, 16, 64)
 		e, err2 := strconv.ParseUint(end, 16, 64)
 		if err1 != nil || err2 != nil || int64(e-s) != size || strings.Trim(fields[2], "0") != "" {
-			continue // not the whole file from its start
+			continue // not the whole object from its start
 		}
 		return int64(s), nil
 	}
 	if err := sc.Err(); err != nil {
 		return 0, fmt.Errorf("reading QEMU's memory map: %w", err)
 	}
-	return 0, fmt.Errorf("no mapping of %s (%d bytes) in QEMU's memory map", name, size)
+	return 0, fmt.Errorf("no mapping of %s (%d bytes) in QEMU's memory map", what, size)
 }
 
 func (l *procLane) ReadAt(p []byte, off int64) (int, error) {

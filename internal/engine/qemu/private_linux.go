@@ -1,13 +1,11 @@
 package qemu
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/binary"
 	"fmt"
 	"os"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -64,34 +62,11 @@ func (p *privateRAM) close() {
 // inode, not path, so a path that changed or is spelled otherwise is no
 // matter.
 func findFileMapping(mapsPath string, dev, ino uint64, size int64) (int64, error) {
-	f, err := os.Open(mapsPath)
-	if err != nil {
-		return 0, fmt.Errorf("reading QEMU's memory map: %w", err)
-	}
-	defer f.Close()
-	want := fmt.Sprintf("%02x:%02x", unix.Major(dev), unix.Minor(dev))
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// start-end perms offset dev inode path
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 5 || fields[4] != strconv.FormatUint(ino, 10) || fields[3] != want {
-			continue
-		}
-		start, end, ok := strings.Cut(fields[0], "-")
-		if !ok {
-			continue
-		}
-		s, err1 := strconv.ParseUint(start, 16, 64)
-		e, err2 := strconv.ParseUint(end, 16, 64)
-		if err1 != nil || err2 != nil || int64(e-s) != size || strings.Trim(fields[2], "0") != "" {
-			continue
-		}
-		return int64(s), nil
-	}
-	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("reading QEMU's memory map: %w", err)
-	}
-	return 0, fmt.Errorf("no mapping of guest memory (inode %d, %d bytes) in QEMU's memory map", ino, size)
+	wantDev := fmt.Sprintf("%02x:%02x", unix.Major(dev), unix.Minor(dev))
+	wantIno := strconv.FormatUint(ino, 10)
+	return findMappingWhere(mapsPath, size, fmt.Sprintf("guest memory (inode %d)", ino), func(dev, inode, _ string) bool {
+		return dev == wantDev && inode == wantIno
+	})
 }
 
 // pagemap entry bits (Documentation/admin-guide/mm/pagemap.rst).
