@@ -30,7 +30,7 @@ import (
 //   - guest RAM in our shared memfd (a booted sandbox, a woken park) is
 //     skipped by QEMU (x-ignore-shared) and copied by nether while the
 //     guest runs; in the pause nether compares it with the copy and
-//     writes only the pages that differ (refreshSparse);
+//     writes only the pages that differ (sparseMirror);
 //   - the channel's lane, which nether writes into QEMU's memory behind
 //     QEMU's dirty tracking, is left out of the passes and written whole
 //     at the end of the final one, when nothing can change it.
@@ -61,7 +61,6 @@ type liveCapture struct {
 	refreshed int64         // and in the pause, by the refresh
 	mirror    *sparseMirror // shared guest memory and its copy
 	private   *privateRAM   // privately mapped guest memory
-	precopied time.Duration
 	// lane carries the lane's bytes, read once the guest is stopped,
 	// to the filter that puts them at the end of the final pass.
 	lane chan laneRead
@@ -93,7 +92,6 @@ func (m *Machine) Precopy(ctx context.Context, sink engine.Sink) (pausedAt time.
 		return time.Time{}, err
 	}
 	if m.mem != nil {
-		start := time.Now()
 		if lc.ramBytes, err = CopySparse(lc.ram, m.mem); err != nil {
 			return time.Time{}, fmt.Errorf("copying guest memory: %w", err)
 		}
@@ -101,7 +99,6 @@ func (m *Machine) Precopy(ctx context.Context, sink engine.Sink) (pausedAt time.
 		if err := lc.mirror.prepare(); err != nil {
 			return time.Time{}, fmt.Errorf("copying guest memory: %w", err)
 		}
-		lc.precopied = time.Since(start)
 	}
 	if m.mem == nil && m.incoming != nil && m.ramIn == ramFile {
 		lc.private, err = openPrivateRAM(m.cmd.Process.Pid, filepath.Join(m.incoming.Dir, "ram"), m.ramBytesTotal())
@@ -150,7 +147,7 @@ func (m *Machine) Precopy(ctx context.Context, sink engine.Sink) (pausedAt time.
 			}
 			lc.stoppedBy = true
 		}
-		if err := m.pollWait(ctx); err != nil {
+		if err := m.migrationWait(ctx, time.Millisecond); err != nil {
 			return time.Time{}, err
 		}
 	}
@@ -189,7 +186,7 @@ func (m *Machine) AbortPrecopy() {
 			if err != nil || st == "completed" || st == "none" {
 				break
 			}
-			m.pollWait(ctx)
+			m.migrationWait(ctx, time.Millisecond)
 		}
 		if lc.stoppedBy {
 			m.qmp.execute(ctx, "cont", nil)
@@ -305,9 +302,8 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 	for _, f := range []*os.File{lc.conn, lc.state, lc.ram} {
 		f.Close()
 	}
-	sec := m.section(ramFile)
-	out.RAMInFile, out.RAMBytes = sec.RAM == ramFile, lc.ramBytes+lc.refreshed
-	if out.Section, err = sec.encode(); err != nil {
+	out.RAMInFile, out.RAMBytes = true, lc.ramBytes+lc.refreshed
+	if out.Section, err = m.section(ramFile).encode(); err != nil {
 		return out, err
 	}
 	return out, nil
@@ -424,10 +420,11 @@ func (m *Machine) liveTuning(ctx context.Context) error {
 func (m *Machine) migrationStatus(ctx context.Context) (string, error) {
 	raw, err := m.qmp.execute(ctx, "query-migrate", nil)
 	if err != nil {
+		// QEMU may be on its way out: say so rather than that QMP broke.
 		select {
 		case <-m.done:
 			return "", m.exitError("QEMU exited during migration")
-		default:
+		case <-time.After(time.Second):
 		}
 		return "", err
 	}
@@ -446,13 +443,15 @@ func (m *Machine) migrationStatus(ctx context.Context) (string, error) {
 	return st.Status, nil
 }
 
-func (m *Machine) pollWait(ctx context.Context) error {
+// migrationWait waits delay between two looks at a migration, or until
+// QEMU exits or ctx ends.
+func (m *Machine) migrationWait(ctx context.Context, delay time.Duration) error {
 	select {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-m.done:
 		return m.exitError("QEMU exited during migration")
-	case <-time.After(time.Millisecond):
+	case <-time.After(delay):
 		return nil
 	}
 }

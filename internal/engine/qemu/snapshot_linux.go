@@ -217,8 +217,9 @@ func drainSocket(ctx context.Context, c net.Conn, limit time.Duration) {
 	}
 }
 
-// migrationTuning makes a migration of a stopped VM as fast as the host
-// allows: QEMU's default bandwidth cap would dominate capture time.
+// migrationTuning sets a restore's incoming migration up: x-ignore-shared
+// as the artifact was captured, and no bandwidth cap (QEMU's default
+// would dominate the load).
 func (m *Machine) migrationTuning(ctx context.Context, ignoreShared bool) error {
 	if _, err := m.qmp.execute(ctx, "migrate-set-capabilities", map[string]any{
 		"capabilities": []map[string]any{{"capability": "x-ignore-shared", "state": ignoreShared}},
@@ -229,58 +230,17 @@ func (m *Machine) migrationTuning(ctx context.Context, ignoreShared bool) error 
 	return err
 }
 
-// Capture writes the paused machine's device state into the sink's
-// "state" file. Guest RAM that lives in our shared memory file is skipped
-// by the migration (x-ignore-shared) and copied sparsely into "ram"; RAM
-// QEMU maps privately (a restore of a base) goes into the stream.
+// Capture finishes the capture Precopy began into sink: QEMU's final
+// pass and the rest of guest memory, with the guest paused. Called
+// without one, it runs Precopy first, on the paused guest (QEMU then has
+// nothing to chase and stops at once): one way to capture, not two.
 func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Captured, error) {
-	if lc := m.live; lc != nil {
-		if lc.sink == sink {
-			return m.finishLive(ctx, lc)
+	if lc := m.live; lc == nil || lc.sink != sink {
+		if _, err := m.Precopy(ctx, sink); err != nil {
+			return engine.Captured{}, err
 		}
-		m.AbortPrecopy()
 	}
-	var out engine.Captured
-	state, err := sink.CreateFile("state")
-	if err != nil {
-		return out, err
-	}
-	defer state.Close()
-	var ram *os.File
-	if m.mem != nil {
-		if ram, err = sink.CreateFile("ram"); err != nil {
-			return out, err
-		}
-		defer ram.Close()
-	}
-	start := time.Now()
-	if err := m.migrationTuning(ctx, m.mem != nil); err != nil {
-		return out, fmt.Errorf("preparing migration: %w", err)
-	}
-	if _, err := m.qmp.executeFD(ctx, "getfd", map[string]any{"fdname": "snapstate"}, state); err != nil {
-		return out, fmt.Errorf("handing QEMU the state file: %w", err)
-	}
-	if _, err := m.qmp.execute(ctx, "migrate", map[string]any{"uri": "fd:snapstate"}); err != nil {
-		return out, fmt.Errorf("starting migration: %w", err)
-	}
-	if err := m.waitMigration(ctx); err != nil {
-		return out, fmt.Errorf("saving device state: %w", err)
-	}
-	out.DeviceState = time.Since(start)
-	sec := m.section(ramStream)
-	if ram != nil {
-		sec.RAM = ramFile
-		start = time.Now()
-		n, err := CopySparse(ram, m.mem)
-		if err != nil {
-			return out, fmt.Errorf("copying guest memory: %w", err)
-		}
-		out.RAMInFile, out.RAMBytes, out.RAMCopy = true, n, time.Since(start)
-	}
-	if out.Section, err = sec.encode(); err != nil {
-		return out, err
-	}
-	return out, nil
+	return m.finishLive(ctx, m.live)
 }
 
 // section describes the machine for a restore of a capture whose RAM is
@@ -313,38 +273,19 @@ func (m *Machine) LoadIncoming(ctx context.Context) error {
 	return m.waitMigration(ctx)
 }
 
+// waitMigration waits until QEMU's migration completed, or says why not.
 func (m *Machine) waitMigration(ctx context.Context) error {
 	delay := 500 * time.Microsecond
 	for {
-		raw, err := m.qmp.execute(ctx, "query-migrate", nil)
+		st, err := m.migrationStatus(ctx)
 		if err != nil {
-			select {
-			case <-m.done:
-				return m.exitError("QEMU exited during migration")
-			case <-time.After(time.Second):
-			}
 			return err
 		}
-		var st struct {
-			Status    string `json:"status"`
-			ErrorDesc string `json:"error-desc"`
-		}
-		json.Unmarshal(raw, &st)
-		switch st.Status {
-		case "completed":
+		if st == "completed" {
 			return nil
-		case "failed", "cancelled":
-			if st.ErrorDesc == "" {
-				return fmt.Errorf("migration %s", st.Status)
-			}
-			return fmt.Errorf("migration failed: %s", st.ErrorDesc)
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-m.done:
-			return m.exitError("QEMU exited during migration")
-		case <-time.After(delay):
+		if err := m.migrationWait(ctx, delay); err != nil {
+			return err
 		}
 		if delay < 5*time.Millisecond {
 			delay *= 2
