@@ -18,7 +18,7 @@ import (
 // TCG QEMU 7.2 loses some of the writes made during them: clearing its
 // dirty bits between passes does not re-arm the write check of pages
 // the vCPU's TLB already holds, so a kernel page written through a
-// cached entry is never sent again (measured: a busy fork parked live
+// cached entry is never sent again (seen by hand: a busy fork parked live
 // woke with a corrupt kernel one time in three; stopped first, never).
 // The kernel knows better: every page the guest wrote since the restore
 // is an anonymous copy in QEMU's private map, every other page is still
