@@ -48,7 +48,9 @@ func ReadProc(pid int) (Proc, error) {
 	p := Proc{Pid: pid, Comm: string(stat[open+1 : close]), State: f[0][0]}
 	p.PPid, _ = strconv.Atoi(f[1])
 	p.StartTicks, _ = strconv.ParseUint(f[19], 10, 64)
-	if b, err := os.ReadFile(dir + "/cmdline"); err == nil {
+	// A process inside execve, or a kernel thread, has an empty command
+	// line: Args stays nil.
+	if b, err := os.ReadFile(dir + "/cmdline"); err == nil && len(b) > 0 {
 		p.Args = strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 	}
 	return p, nil
@@ -163,7 +165,10 @@ func (sb *Sandbox) QEMUChildren() []Proc {
 // probe), if there is one now.
 func (sb *Sandbox) Machine() (Proc, bool) {
 	for _, p := range sb.QEMUChildren() {
-		if !p.IsProbe() {
+		// A child caught inside execve already has its new name but no
+		// command line yet: it cannot be told from the probe until
+		// its arguments are readable.
+		if len(p.Args) > 0 && !p.IsProbe() {
 			return p, true
 		}
 	}
