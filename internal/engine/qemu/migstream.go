@@ -138,7 +138,7 @@ func (f *streamFilter) run() error {
 				return fmt.Errorf("%w: a second start of guest memory", errStreamFormat)
 			}
 			f.ramID, f.haveRAM = id, true
-			if err := f.ram(false); err != nil {
+			if err := f.ram(secStart); err != nil {
 				return err
 			}
 			if err := f.footer(id); err != nil {
@@ -157,7 +157,7 @@ func (f *streamFilter) run() error {
 					return err
 				}
 			}
-			if err := f.ram(t == secEnd); err != nil {
+			if err := f.ram(t); err != nil {
 				return err
 			}
 			if err := f.footer(id); err != nil {
@@ -240,9 +240,15 @@ func (f *streamFilter) config() error {
 	}
 }
 
-// ram copies one RAM section's data, up to and including its end-of-
-// section record, taking out the pages of the blocks in take.
-func (f *streamFilter) ram(last bool) error {
+// ram copies one RAM section's data (typ is its section type), up to
+// and including its end-of-section record, taking out the pages of the
+// blocks in take. QEMU's START holds the block list and nothing else,
+// and page records come only in PART and END sections: anything else is
+// refused, so the pages nether takes always belong to the one list it
+// read.
+func (f *streamFilter) ram(typ byte) error {
+	last := typ == secEnd
+	listed := false
 	for {
 		h, err := f.in.Peek(8)
 		if err != nil {
@@ -253,11 +259,18 @@ func (f *streamFilter) ram(last bool) error {
 		f.in.Discard(8)
 		switch {
 		case flags == ramMemSize:
+			if typ != secStart || listed {
+				return fmt.Errorf("%w: a block list after the start of guest memory", errStreamFormat)
+			}
+			listed = true
 			f.writeU64(header)
 			if err := f.blockList(addr); err != nil {
 				return err
 			}
 		case flags == ramEOS:
+			if typ == secStart && !listed {
+				return fmt.Errorf("%w: guest memory began without its block list", errStreamFormat)
+			}
 			if last {
 				f.ramDone = true
 				if f.atEnd != nil {
@@ -269,6 +282,9 @@ func (f *streamFilter) ram(last bool) error {
 			f.writeU64(header)
 			return nil
 		case flags&^ramContinue == ramZero || flags&^ramContinue == ramPage:
+			if typ == secStart {
+				return fmt.Errorf("%w: a page record before the end of the block list's section", errStreamFormat)
+			}
 			if err := f.record(header, flags, addr); err != nil {
 				return err
 			}
