@@ -131,7 +131,8 @@ type Precopier interface {
 	// is small. The engine may have paused the guest to finish (it then
 	// says since when in pausedAt; zero while the guest runs). The
 	// Capture into the same sink that follows, machine paused, finishes
-	// it; on an error the guest runs as before.
+	// it (a Precopier's Capture without it fails); on an error the
+	// guest runs as before.
 	Precopy(ctx context.Context, sink Sink) (pausedAt time.Time, err error)
 	// AbortPrecopy ends a capture Precopy began and no Capture
 	// finished, the guest running as before Precopy unless the caller
@@ -214,7 +215,8 @@ type Machine interface {
 	// Resume restarts the vCPUs.
 	Resume(ctx context.Context) error
 	// Capture writes the paused machine's device state and memory into
-	// sink. It leaves the machine paused.
+	// sink. It leaves the machine paused. A Precopier's Capture finishes
+	// the Precopy into the same sink and fails without one.
 	Capture(ctx context.Context, sink Sink) (Captured, error)
 	// Quit stops the machine at once (no guest shutdown) and waits for
 	// the engine to exit. It works on a wedged engine too.

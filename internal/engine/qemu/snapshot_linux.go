@@ -230,15 +230,16 @@ func (m *Machine) migrationTuning(ctx context.Context, ignoreShared bool) error 
 	return err
 }
 
+// errNoPrecopy: Capture was called without the Precopy that begins it.
+var errNoPrecopy = errors.New("capture: no capture into this sink was begun (Precopy comes first)")
+
 // Capture finishes the capture Precopy began into sink: QEMU's final
-// pass and the rest of guest memory, with the guest paused. Called
-// without one, it runs Precopy first, on the paused guest (QEMU then has
-// nothing to chase and stops at once): one way to capture, not two.
+// pass and the rest of guest memory, with the guest paused. There is one
+// way to capture: without a Precopy into the same sink it fails and
+// touches nothing.
 func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Captured, error) {
 	if lc := m.live; lc == nil || lc.sink != sink {
-		if _, err := m.Precopy(ctx, sink); err != nil {
-			return engine.Captured{}, err
-		}
+		return engine.Captured{}, errNoPrecopy
 	}
 	return m.finishLive(ctx, m.live)
 }
