@@ -90,8 +90,16 @@ func mirrorCheck(t *testing.T, src, dst *os.File, size int64) {
 }
 
 // TestMirrorRefresh: after a refresh dst is src again, its zero pages
-// holes, and only the pages that changed were written.
+// holes, and only the pages that changed were written; both with the
+// extents prepare listed (the capture's way: the changes come after it)
+// and with the extents listed anew (a second refresh).
 func TestMirrorRefresh(t *testing.T) {
+	for _, prepared := range []bool{true, false} {
+		t.Run(fmt.Sprintf("prepared=%v", prepared), func(t *testing.T) { testMirrorRefresh(t, prepared) })
+	}
+}
+
+func testMirrorRefresh(t *testing.T, prepared bool) {
 	const size = 8 << 20
 	const P = mirrorPage
 	src, err := newGuestMemory()
@@ -129,8 +137,13 @@ func TestMirrorRefresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer mr.close()
-	if n, err := mr.refresh(); err != nil || n != 0 {
-		t.Fatalf("a refresh with nothing changed: %d bytes, %v", n, err)
+	if !prepared {
+		if n, err := mr.refresh(); err != nil || n != 0 {
+			t.Fatalf("a refresh with nothing changed: %d bytes, %v", n, err)
+		}
+		if mr.srcExt != nil || mr.dstExt != nil {
+			t.Fatal("a refresh kept the extents prepare listed")
+		}
 	}
 
 	var changed int64
@@ -411,4 +424,64 @@ func TestRAMFileWriter(t *testing.T) {
 			t.Fatal("a negative offset was taken")
 		}
 	})
+}
+
+// withNewData adds the data a file gained in the holes between the
+// extents it was listed with, and keeps the listed ones as they are.
+func TestWithNewData(t *testing.T) {
+	const P = mirrorPage
+	const size = 64 * P
+	cases := []struct {
+		name   string
+		listed extentList // what was listed (written before the call too)
+		added  extentList // written after the listing
+		want   extentList
+	}{
+		{"nothing anywhere", nil, nil, nil},
+		{"nothing new", extentList{{0, 2 * P}, {10 * P, 12 * P}}, nil, extentList{{0, 2 * P}, {10 * P, 12 * P}}},
+		{"all new", nil, extentList{{3 * P, 4 * P}, {63 * P, 64 * P}}, extentList{{3 * P, 4 * P}, {63 * P, 64 * P}}},
+		{"inside a hole", extentList{{0, P}, {20 * P, 21 * P}}, extentList{{5 * P, 7 * P}}, extentList{{0, P}, {5 * P, 7 * P}, {20 * P, 21 * P}}},
+		{"before the first", extentList{{8 * P, 9 * P}}, extentList{{0, P}}, extentList{{0, P}, {8 * P, 9 * P}}},
+		{"after the last", extentList{{8 * P, 9 * P}}, extentList{{60 * P, 61 * P}}, extentList{{8 * P, 9 * P}, {60 * P, 61 * P}}},
+		{"touching the next", extentList{{8 * P, 16 * P}}, extentList{{6 * P, 8 * P}}, extentList{{6 * P, 16 * P}}},
+		{"touching the last", extentList{{8 * P, 16 * P}}, extentList{{16 * P, 17 * P}}, extentList{{8 * P, 17 * P}}},
+		{"filling a hole", extentList{{0, 4 * P}, {8 * P, 12 * P}}, extentList{{4 * P, 8 * P}}, extentList{{0, 12 * P}}},
+		{"several in one hole", extentList{{40 * P, 41 * P}}, extentList{{2 * P, 3 * P}, {5 * P, 6 * P}, {30 * P, 33 * P}}, extentList{{2 * P, 3 * P}, {5 * P, 6 * P}, {30 * P, 33 * P}, {40 * P, 41 * P}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f, err := newGuestMemory()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			if err := f.Truncate(size); err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range c.listed {
+				mirrorFill(t, f, e[0], e[1]-e[0], 1)
+			}
+			listed, err := dataPieces(f, size, size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(listed) != fmt.Sprint(c.listed) {
+				t.Fatalf("the memfd lists %v, the case %v", listed, c.listed)
+			}
+			for _, e := range c.added {
+				mirrorFill(t, f, e[0], e[1]-e[0], 2)
+			}
+			got, err := withNewData(f, listed, size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Fatalf("withNewData = %v, want %v", got, c.want)
+			}
+			// It is what listing the file again finds.
+			if again, _ := dataPieces(f, size, size); fmt.Sprint(again) != fmt.Sprint(got) {
+				t.Fatalf("withNewData = %v, a new listing %v", got, again)
+			}
+		})
+	}
 }
