@@ -226,8 +226,17 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 		}()
 	} else if lc.private != nil {
 		go func() {
-			// Once the passes are written (the final pass writes what
-			// this does: the guest is stopped).
+			// The guest is stopped: the pages it owns are final, and
+			// listing them needs nothing of QEMU's, so it starts now.
+			t := time.Now()
+			runs, err := lc.private.ownPages()
+			listing := time.Since(t)
+			if err != nil {
+				refreshed <- err
+				return
+			}
+			// The compare waits for the passes to be written (the final
+			// pass writes what this does: the guest is stopped).
 			select {
 			case <-lc.passesDone:
 			case <-lc.filtered:
@@ -238,9 +247,9 @@ func (m *Machine) finishLive(ctx context.Context, lc *liveCapture) (out engine.C
 					return
 				}
 			}
-			t := time.Now()
-			n, err := lc.private.refresh(lc.ram)
-			lc.refreshed, refreshTime = n, time.Since(t)
+			t = time.Now()
+			n, err := lc.private.refreshRuns(lc.ram, runs)
+			lc.refreshed, refreshTime = n, listing+time.Since(t)
 			refreshed <- err
 		}()
 	} else {

@@ -3,9 +3,12 @@ package qemu
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"strconv"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -26,8 +29,13 @@ import (
 // the anonymous pages with what the passes wrote and rewrites the ones
 // that differ.
 type privateRAM struct {
+	pid          int
 	mem, pagemap *os.File
 	base, size   int64
+	// noScan: the kernel has no PAGEMAP_SCAN (before Linux 6.7), so
+	// ownPages reads the page map entry by entry. noVMRead: reads go
+	// through /proc/PID/mem, process_vm_readv being refused.
+	noScan, noVMRead bool
 }
 
 // openPrivateRAM finds the mapping of file (the artifact's RAM, size
@@ -41,7 +49,7 @@ func openPrivateRAM(pid int, file string, size int64) (*privateRAM, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &privateRAM{base: base, size: size}
+	p := &privateRAM{pid: pid, base: base, size: size}
 	if p.mem, err = os.Open(fmt.Sprintf("/proc/%d/mem", pid)); err != nil {
 		return nil, fmt.Errorf("opening QEMU's memory: %w", err)
 	}
@@ -76,9 +84,88 @@ const (
 	pmFile    = 1 << 61 // a file page or shared anonymous: not the guest's own copy
 )
 
+// PAGEMAP_SCAN (include/uapi/linux/fs.h, Linux 6.7): the kernel walks
+// the page tables and returns runs of pages by category, where a read of
+// /proc/PID/pagemap returns 8 bytes per page (1 MiB for 512 MiB of RAM)
+// to be read one by one.
+const (
+	pageIsFile    = 1 << 2
+	pageIsPresent = 1 << 3
+	pageIsSwapped = 1 << 4
+	// _IOWR('f', 16, struct pm_scan_arg), the argument 96 bytes.
+	pagemapScan = 3<<30 | 96<<16 | 'f'<<8 | 16
+)
+
+type pmScanArg struct {
+	size, flags, start, end, walkEnd, vec, vecLen, maxPages       uint64
+	categoryInverted, categoryMask, categoryAnyofMask, returnMask uint64
+}
+
+type pageRegion struct{ start, end, categories uint64 }
+
 // ownPages lists the runs of pages (byte offsets into the mapping) the
 // guest holds as its own copies: present and anonymous, or swapped out.
+// Runs are at most 1 MiB long.
 func (p *privateRAM) ownPages() ([][2]int64, error) {
+	if !p.noScan {
+		runs, err := p.scanOwnPages()
+		if !errors.Is(err, unix.ENOTTY) && !errors.Is(err, unix.EINVAL) {
+			return runs, err
+		}
+		p.noScan = true
+	}
+	return p.readOwnPages()
+}
+
+// scanOwnPages is ownPages by PAGEMAP_SCAN: the pages not of the file
+// (inverted) that are present or swapped, as readOwnPages counts them.
+func (p *privateRAM) scanOwnPages() ([][2]int64, error) {
+	regions := make([]pageRegion, 1024)
+	arg := pmScanArg{
+		size:              uint64(unsafe.Sizeof(pmScanArg{})),
+		start:             uint64(p.base),
+		end:               uint64(p.base + p.size),
+		vec:               uint64(uintptr(unsafe.Pointer(&regions[0]))),
+		vecLen:            uint64(len(regions)),
+		categoryInverted:  pageIsFile,
+		categoryMask:      pageIsFile,
+		categoryAnyofMask: pageIsPresent | pageIsSwapped,
+		returnMask:        pageIsPresent | pageIsSwapped,
+	}
+	var runs [][2]int64
+	for arg.start < arg.end {
+		n, _, errno := unix.Syscall(unix.SYS_IOCTL, p.pagemap.Fd(), pagemapScan, uintptr(unsafe.Pointer(&arg)))
+		runtime.KeepAlive(regions)
+		if errno != 0 {
+			return nil, fmt.Errorf("scanning QEMU's page map: %w", errno)
+		}
+		for _, r := range regions[:n] {
+			for off := int64(r.start) - p.base; off < int64(r.end)-p.base; {
+				end := min(off+1<<20, int64(r.end)-p.base)
+				runs = appendRun(runs, off, end)
+				off = end
+			}
+		}
+		if arg.walkEnd <= arg.start {
+			return nil, fmt.Errorf("scanning QEMU's page map: the walk stopped at %#x", arg.walkEnd)
+		}
+		arg.start = arg.walkEnd
+	}
+	return runs, nil
+}
+
+// appendRun appends [off, end) to runs, joining it to the last run when
+// they touch and the two stay within 1 MiB.
+func appendRun(runs [][2]int64, off, end int64) [][2]int64 {
+	if k := len(runs); k > 0 && runs[k-1][1] == off && end-runs[k-1][0] <= 1<<20 {
+		runs[k-1][1] = end
+		return runs
+	}
+	return append(runs, [2]int64{off, end})
+}
+
+// readOwnPages is ownPages by reading /proc/PID/pagemap.
+func (p *privateRAM) readOwnPages() ([][2]int64, error) {
 	const page = 4096
 	pages := p.size / page
 	var runs [][2]int64
@@ -96,33 +183,86 @@ func (p *privateRAM) ownPages() ([][2]int64, error) {
 				continue
 			}
 			off := (first + i) * page
-			if k := len(runs); k > 0 && runs[k-1][1] == off && runs[k-1][1]-runs[k-1][0] < 1<<20 {
-				runs[k-1][1] += page
-			} else {
-				runs = append(runs, [2]int64{off, off + page})
-			}
+			runs = appendRun(runs, off, off+page)
 		}
 	}
 	return runs, nil
 }
 
-// refresh makes dst (the capture's "ram") hold the guest's own pages as
-// they are now, with the guest stopped: it writes the pages that differ
-// (a hole for one that became zero) and returns the bytes written.
-func (p *privateRAM) refresh(dst *os.File) (int64, error) {
-	runs, err := p.ownPages()
-	if err != nil {
-		return 0, err
+// readRuns reads the runs of the mapping into buf, one after another
+// (buf holds them all). process_vm_readv takes up to 1024 runs a call;
+// /proc/PID/mem, where it is refused, one run and one page at a time in
+// the kernel (several microseconds a page here).
+func (p *privateRAM) readRuns(buf []byte, runs [][2]int64) error {
+	if !p.noVMRead {
+		err := p.vmRead(buf, runs)
+		if !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EPERM) {
+			return err
+		}
+		p.noVMRead = true
 	}
-	const page = 4096
-	cur := make([]byte, 1<<20)
-	old := make([]byte, 1<<20)
-	var written int64
+	at := int64(0)
 	for _, r := range runs {
 		n := r[1] - r[0]
-		if _, err := p.mem.ReadAt(cur[:n], p.base+r[0]); err != nil {
-			return written, fmt.Errorf("reading guest memory in QEMU: %w", err)
+		if _, err := p.mem.ReadAt(buf[at:at+n], p.base+r[0]); err != nil {
+			return fmt.Errorf("reading guest memory in QEMU: %w", err)
 		}
+		at += n
+	}
+	return nil
+}
+
+func (p *privateRAM) vmRead(buf []byte, runs [][2]int64) error {
+	const batch = 1024 // IOV_MAX
+	local := make([]unix.Iovec, 0, batch)
+	remote := make([]unix.RemoteIovec, 0, batch)
+	at := int64(0)
+	for len(runs) > 0 {
+		k := min(batch, len(runs))
+		local, remote = local[:0], remote[:0]
+		var want int
+		for _, r := range runs[:k] {
+			n := r[1] - r[0]
+			local = append(local, unix.Iovec{Base: &buf[at], Len: uint64(n)})
+			remote = append(remote, unix.RemoteIovec{Base: uintptr(p.base + r[0]), Len: int(n)})
+			at += n
+			want += int(n)
+		}
+		got, err := unix.ProcessVMReadv(p.pid, local, remote, 0)
+		if err != nil {
+			return fmt.Errorf("reading guest memory in QEMU: %w", err)
+		}
+		if got != want {
+			// Every page read is the guest's own and mapped: a short
+			// read means the mapping changed under us.
+			return fmt.Errorf("reading guest memory in QEMU: %d of %d bytes", got, want)
+		}
+		runs = runs[k:]
+	}
+	return nil
+}
+
+// refreshRuns makes dst (the capture's "ram") hold the guest's own pages
+// as they are now: runs is what ownPages listed, the guest stopped since.
+// It writes the pages that differ (a hole for one that became zero) and
+// returns the bytes written.
+func (p *privateRAM) refreshRuns(dst *os.File, runs [][2]int64) (int64, error) {
+	const page = 4096
+	var total int64
+	for _, r := range runs {
+		total += r[1] - r[0]
+	}
+	all := make([]byte, total)
+	if err := p.readRuns(all, runs); err != nil {
+		return 0, err
+	}
+	old := make([]byte, 1<<20)
+	var written int64
+	at := int64(0)
+	for _, r := range runs {
+		n := r[1] - r[0]
+		cur := all[at : at+n]
+		at += n
 		if _, err := dst.ReadAt(old[:n], r[0]); err != nil {
 			return written, fmt.Errorf("reading %s: %w", dst.Name(), err)
 		}

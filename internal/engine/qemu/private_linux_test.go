@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -13,7 +14,41 @@ import (
 // maps a fork's RAM, writes some of its pages (copy-on-write), and checks
 // that refresh brings a copy of the file to what the map holds now,
 // writing only the pages the map owns and that differ.
+// It runs with each way of reading QEMU's memory: PAGEMAP_SCAN and
+// process_vm_readv, and the page map and /proc/PID/mem they fall back to.
 func TestPrivateRAMRefresh(t *testing.T) {
+	for _, mode := range privateModes {
+		t.Run(mode.name, func(t *testing.T) { testPrivateRAMRefresh(t, mode.old) })
+	}
+}
+
+var privateModes = []struct {
+	name string
+	old  bool // the page map read and /proc/PID/mem
+}{{"scan and process_vm_readv", false}, {"pagemap and proc mem", true}}
+
+// openPrivateRAMAs is openPrivateRAM forced to the old ways when old is
+// set; otherwise it says loudly when the kernel has not the new ones.
+func openPrivateRAMAs(t *testing.T, file string, size int64, old bool) *privateRAM {
+	t.Helper()
+	p, err := openPrivateRAM(os.Getpid(), file, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.close)
+	p.noScan, p.noVMRead = old, old
+	if !old {
+		if _, err := p.ownPages(); err != nil {
+			t.Fatal(err)
+		}
+		if p.noScan {
+			t.Log("WARNING: this kernel has no PAGEMAP_SCAN (Linux 6.7): the scan is not tested, only its fallback")
+		}
+	}
+	return p
+}
+
+func testPrivateRAMRefresh(t *testing.T, oldWays bool) {
 	const P = 4096
 	const size = 64 * P
 	dir := t.TempDir()
@@ -57,11 +92,7 @@ func TestPrivateRAMRefresh(t *testing.T) {
 	if _, err := dst.WriteAt(orig, 0); err != nil {
 		t.Fatal(err)
 	}
-	p, err := openPrivateRAM(os.Getpid(), file, size)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.close()
+	p := openPrivateRAMAs(t, file, size, oldWays)
 	runs, err := p.ownPages()
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +111,7 @@ func TestPrivateRAMRefresh(t *testing.T) {
 	if len(owned) != 6 {
 		t.Errorf("own pages %v, want 3 4 5 8 10 12", runs)
 	}
-	n, err := p.refresh(dst)
+	n, err := p.refreshRuns(dst, runs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,8 +129,67 @@ func TestPrivateRAMRefresh(t *testing.T) {
 	if off, err := unix.Seek(int(dst.Fd()), 12*P, unix.SEEK_DATA); err != nil || off == 12*P {
 		t.Errorf("the page that became zero is not a hole (SEEK_DATA from it: %d %v)", off, err)
 	}
-	if n, err := p.refresh(dst); err != nil || n != 0 {
+	if n, err := p.refreshRuns(dst, runs); err != nil || n != 0 {
 		t.Errorf("a second refresh wrote %d bytes (%v), want 0", n, err)
+	}
+}
+
+// TestPrivateRAMManyRuns: more runs than one PAGEMAP_SCAN call returns
+// and one process_vm_readv call reads (1024 each), listed and read the
+// same both ways.
+func TestPrivateRAMManyRuns(t *testing.T) {
+	const P = 4096
+	const pages = 5000
+	const size = pages * P
+	file := filepath.Join(t.TempDir(), "ram")
+	if err := os.WriteFile(file, make([]byte, size), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	var want [][2]int64
+	for pg := int64(0); pg < pages; pg++ {
+		_ = mem[pg*P] // a file page
+		if pg%3 == 0 || (pg > 3000 && pg < 3600) {
+			mem[pg*P+7] = byte(pg) | 1 // the map's own
+			want = appendRun(want, pg*P, pg*P+P)
+		}
+	}
+	if len(want) < 1100 {
+		t.Fatalf("only %d runs: the test needs more than 1024", len(want))
+	}
+	for _, mode := range privateModes {
+		p := openPrivateRAMAs(t, file, size, mode.old)
+		runs, err := p.ownPages()
+		if err != nil {
+			t.Fatalf("%s: %v", mode.name, err)
+		}
+		if fmt.Sprint(runs) != fmt.Sprint(want) {
+			t.Fatalf("%s: %d runs, want %d (first %v, want %v)", mode.name, len(runs), len(want), runs[:min(3, len(runs))], want[:3])
+		}
+		var total int64
+		for _, r := range runs {
+			total += r[1] - r[0]
+		}
+		buf := make([]byte, total)
+		if err := p.readRuns(buf, runs); err != nil {
+			t.Fatalf("%s: %v", mode.name, err)
+		}
+		at := int64(0)
+		for _, r := range runs {
+			if !bytes.Equal(buf[at:at+r[1]-r[0]], mem[r[0]:r[1]]) {
+				t.Fatalf("%s: run %v read otherwise than the map holds it", mode.name, r)
+			}
+			at += r[1] - r[0]
+		}
 	}
 }
 
