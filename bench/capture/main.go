@@ -5,9 +5,10 @@
 //     guest with 100 MiB written, with 1 MiB and then 50 MiB written
 //     before each, against `cp --sparse=always` of the artifact's RAM
 //     file (the touched RAM the capture copied) right after it;
-//   - __snapshot__ and __park__ of a fork against the same of its base;
-//   - wake of the fork's park -> first command against wake of the
-//     base's park -> first command;
+//   - __snapshot__ and __park__ of a fork against the same of its base,
+//     and wake of the fork's park -> first command against wake of the
+//     base's park -> first command, in rounds (-rounds), each a ratio,
+//     summed up by their median;
 //   - the bytes on disk of each artifact.
 //
 // A capture copies the bulk of the guest's memory while the guest runs
@@ -16,7 +17,7 @@
 // the pause is what the guest notices, the whole is what the caller
 // waits for.
 //
-//	go run ./bench/capture [-fill 100]
+//	go run ./bench/capture [-fill 100] [-rounds 5]
 package main
 
 import (
@@ -26,18 +27,21 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/nethersandbox/nether/bench/internal/harness"
 	"github.com/nethersandbox/nether/client"
+	"github.com/nethersandbox/nether/internal/testharness"
 )
 
 var pauseRE = regexp.MustCompile(`pause_ms=(\d+)`)
 
 func main() {
 	fillMiB := flag.Int("fill", 100, "MiB the base guest writes before its first capture")
+	rounds := flag.Int("rounds", 5, "rounds of a fork against its base")
 	flag.Parse()
 	repo := harness.Repo()
 	defer harness.StopAll()
@@ -123,44 +127,87 @@ func main() {
 	series(fmt.Sprintf("__snapshot__ of a 512 MiB guest with %d MiB written, five back to back, 1 MiB written before each (targets: <= 50 ms; the fifth within 1.2x of the second):", *fillMiB), 1)
 	series("the same with 50 MiB written before each (target: <= 1.2x copying those 50 MiB):", 50)
 
-	// A base artifact to fork, and the fork's own captures.
+	// A fork against its base, in rounds: one pair of single captures
+	// says little on a machine whose pauses spread 2-5x, so each round
+	// gives a ratio and the summary their median. Each round forks the
+	// same base artifact anew; the base parks and its wake is the next
+	// round's base (a woken park is captured as a booted guest is: its
+	// memory is nether's shared memfd).
 	_, baseArt := capture(c, base.Dir, "__snapshot__")
-	basePause, _ := capture(c, base.Dir, "__snapshot__")
-	fork, err := harness.Start(repo, "ram_mb = 512\nrestore = 1\nrestore_from = "+baseArt+"\n")
-	check(err)
-	defer fork.Close()
-	fc, err := fork.Dial(60 * time.Second)
-	check(err)
-	check(harness.Run(fc, "head -c 1048576 /dev/urandom > /tmp/forkw"))
-	check(harness.Run(c, "head -c 1048576 /dev/urandom > /tmp/basew"))
-	forkPause, forkArt := capture(fc, fork.Dir, "__snapshot__")
-	forkWhole := whole
-	basePause2, baseArt2 := capture(c, base.Dir, "__snapshot__")
-	fmt.Printf("\n__snapshot__ of a fork (1 MiB written since its restore) against its base (1 MiB written), target <= 1.2x:\n")
-	fmt.Printf("  fork: pause %s (command %s), artifact %s; base: pause %s (command %s; before: %s), artifact %s (%.2fx)\n",
-		harness.MS(forkPause), harness.MS(forkWhole), harness.MiB(diskBytes(forkArt)), harness.MS(basePause2), harness.MS(whole), harness.MS(basePause), harness.MiB(diskBytes(baseArt2)),
-		float64(forkPause)/float64(basePause2))
-
-	forkPark, forkParkArt := capture(fc, fork.Dir, "__park__")
-	forkWhole = whole
-	basePark, baseParkArt := capture(c, base.Dir, "__park__")
-	fmt.Printf("__park__ of the fork against its base, target <= 1.2x:\n")
-	fmt.Printf("  fork: pause %s (command %s), artifact %s; base: pause %s (command %s), artifact %s (%.2fx)\n",
-		harness.MS(forkPark), harness.MS(forkWhole), harness.MiB(diskBytes(forkParkArt)), harness.MS(basePark), harness.MS(whole), harness.MiB(diskBytes(baseParkArt)), float64(forkPark)/float64(basePark))
-	fork.Wait(30 * time.Second)
-	base.Wait(30 * time.Second)
-
-	wake := func(art string) time.Duration {
-		d, err := harness.FirstCommand(repo, "ram_mb = 512\nrestore = 1\nrestore_from = "+art+"\n")
+	fmt.Printf("\na fork against its base, %d rounds (1 MiB written in each before each capture; targets <= 1.2x):\n", *rounds)
+	var snapRatios, parkRatios, wakeRatios []float64
+	for r := 0; r < *rounds; r++ {
+		fork, err := harness.Start(repo, "ram_mb = 512\nrestore = 1\nrestore_from = "+baseArt+"\n")
 		check(err)
-		return d
+		fc, err := fork.Dial(60 * time.Second)
+		check(err)
+		// Which of the two goes first alternates, so neither always
+		// finds the other's page cache or writeback.
+		pair := func(verb string) (fp, bp time.Duration, fa, ba string) {
+			for _, forkTurn := range []bool{r%2 == 0, r%2 != 0} {
+				if forkTurn {
+					check(harness.Run(fc, "head -c 1048576 /dev/urandom > /tmp/forkw"))
+					fp, fa = capture(fc, fork.Dir, verb)
+				} else {
+					check(harness.Run(c, "head -c 1048576 /dev/urandom > /tmp/basew"))
+					bp, ba = capture(c, base.Dir, verb)
+				}
+			}
+			return fp, bp, fa, ba
+		}
+		fs, bs, fa, ba := pair("__snapshot__")
+		fBytes, bBytes := diskBytes(fa), diskBytes(ba)
+		os.RemoveAll(fa)
+		os.RemoveAll(ba)
+		fpk, bpk, fparkArt, bparkArt := pair("__park__")
+		fc.Close()
+		c.Close()
+		fork.Wait(30 * time.Second)
+		base.Wait(30 * time.Second)
+		// Parks are consumed by their wake: each is woken once, the
+		// base's first; the base's wake runs on as the next base. The
+		// parked ones' directories (their parks are there) go after.
+		parked := base
+		var wb time.Duration
+		base, c, wb = wakeKeep(repo, bparkArt)
+		wf, err := harness.FirstCommand(repo, "ram_mb = 512\nrestore = 1\nrestore_from = "+fparkArt+"\n")
+		check(err)
+		fork.Close()
+		if r > 0 {
+			parked.Close() // the first base's directory holds baseArt
+		}
+		snapRatios = append(snapRatios, float64(fs)/float64(bs))
+		parkRatios = append(parkRatios, float64(fpk)/float64(bpk))
+		wakeRatios = append(wakeRatios, float64(wf)/float64(wb))
+		fmt.Printf("  round %d: __snapshot__ pause fork %s, base %s (%.2fx; artifacts %s, %s); __park__ pause fork %s, base %s (%.2fx); wake -> first command fork's park %s, base's %s (%.2fx)\n",
+			r+1, harness.MS(fs), harness.MS(bs), snapRatios[r], harness.MiB(fBytes), harness.MiB(bBytes), harness.MS(fpk), harness.MS(bpk), parkRatios[r], harness.MS(wf), harness.MS(wb), wakeRatios[r])
 	}
-	// Parks are consumed by their wake: each is woken once, the base's
-	// first so the fork's finds no page cache the base's warmed for it.
-	wb := wake(baseParkArt)
-	wf := wake(forkParkArt)
-	fmt.Printf("wake -> first command of the fork's park against its base's, target <= 1.2x:\n")
-	fmt.Printf("  fork's park: %s; base's park: %s (%.2fx)\n", harness.MS(wf), harness.MS(wb), float64(wf)/float64(wb))
+	fmt.Printf("  median of the rounds' ratios: __snapshot__ %.2fx, __park__ %.2fx, wake %.2fx\n",
+		median(snapRatios), median(parkRatios), median(wakeRatios))
+	c.Close()
+}
+
+// wakeKeep wakes a park and keeps it running: the time from its process
+// start to its first command answered, as harness.FirstCommand counts.
+func wakeKeep(repo, art string) (*testharness.Sandbox, *client.Client, time.Duration) {
+	sb, err := harness.Start(repo, "ram_mb = 512\nrestore = 1\nrestore_from = "+art+"\n")
+	check(err)
+	c, err := sb.Dial(30 * time.Second)
+	check(err)
+	check(harness.Run(c, "true"))
+	return sb, c, time.Since(sb.Started)
+}
+
+func median(v []float64) float64 {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // diskBytes is what an artifact holds on disk (allocated blocks: its RAM
