@@ -48,6 +48,96 @@ func TestCopySparse(t *testing.T) {
 	}
 }
 
+// TestMendPages: dst ends up holding cur; only the pages that differ
+// from old are written, and a page that became zero is a hole.
+func TestMendPages(t *testing.T) {
+	const P = 4096
+	// A page pattern: 0 is a zero page, any other letter a page filled
+	// with it.
+	pages := func(pattern string) []byte {
+		b := make([]byte, 0, len(pattern)*P)
+		for _, c := range pattern {
+			fill := byte(0)
+			if c != '0' {
+				fill = byte(c)
+			}
+			b = append(b, bytes.Repeat([]byte{fill}, P)...)
+		}
+		return b
+	}
+	cases := []struct {
+		name     string
+		old      string // "" is a hole (mendPages's nil)
+		cur      string
+		written  int    // pages written
+		wantData string // 'd' where dst must hold data, 'h' a hole
+	}{
+		{"a fresh copy", "", "a0bb0", 3, "dhddh"},
+		{"all zero, fresh", "", "000", 0, "hhh"},
+		{"nothing changed", "abc", "abc", 0, "ddd"},
+		{"one page changed", "abc", "axc", 1, "ddd"},
+		{"a run changed", "abcd", "axyd", 2, "dddd"},
+		{"a page became zero", "abc", "a0c", 0, "dhd"},
+		{"a zero page gained data", "a0c", "abc", 1, "ddd"},
+		{"zero data stays data", "a0c", "a0c", 0, "ddd"},
+		{"changes around a zeroed page", "abcde", "x0y0e", 2, "dhdhd"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dst, err := os.Create(filepath.Join(t.TempDir(), "dst"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dst.Close()
+			cur := pages(c.cur)
+			if err := dst.Truncate(int64(len(cur)) + 2*P); err != nil { // room after: off below
+				t.Fatal(err)
+			}
+			const off = 2 * P
+			var old []byte
+			if c.old != "" {
+				old = pages(c.old)
+				if _, err := dst.WriteAt(old, off); err != nil {
+					t.Fatal(err)
+				}
+			}
+			n, err := mendPages(dst, off, cur, old)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != int64(c.written*P) {
+				t.Errorf("wrote %d bytes, want %d pages", n, c.written)
+			}
+			got := make([]byte, len(cur))
+			if _, err := dst.ReadAt(got, off); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, cur) {
+				t.Fatal("dst does not hold cur")
+			}
+			data := mirrorDataPages(t, dst, int64(len(cur))+off)
+			for i, w := range c.wantData {
+				if data[off+int64(i)*P] != (w == 'd') {
+					t.Errorf("page %d: data %v, want %c", i, data[off+int64(i)*P], w)
+				}
+			}
+		})
+	}
+	// A last page cut short is mended like a whole one.
+	dst, err := os.Create(filepath.Join(t.TempDir(), "short"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dst.Close()
+	cur := append(pages("a"), bytes.Repeat([]byte{'b'}, 100)...)
+	if n, err := mendPages(dst, 0, cur, nil); err != nil || n != int64(len(cur)) {
+		t.Fatalf("mendPages = %d, %v; want %d", n, err, len(cur))
+	}
+	if got, _ := os.ReadFile(dst.Name()); !bytes.Equal(got, cur) {
+		t.Fatal("the short page was not written whole")
+	}
+}
+
 // BenchmarkCopySparse: a 512 MiB tmpfs file with 150 MiB of data, copied
 // to the test's temporary directory, as __snapshot__ does while paused.
 func BenchmarkCopySparse(b *testing.B) {

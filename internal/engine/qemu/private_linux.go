@@ -1,7 +1,6 @@
 package qemu
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -247,7 +246,6 @@ func (p *privateRAM) vmRead(buf []byte, runs [][2]int64) error {
 // It writes the pages that differ (a hole for one that became zero) and
 // returns the bytes written.
 func (p *privateRAM) refreshRuns(dst *os.File, runs [][2]int64) (int64, error) {
-	const page = 4096
 	var total int64
 	for _, r := range runs {
 		total += r[1] - r[0]
@@ -266,21 +264,10 @@ func (p *privateRAM) refreshRuns(dst *os.File, runs [][2]int64) (int64, error) {
 		if _, err := dst.ReadAt(old[:n], r[0]); err != nil {
 			return written, fmt.Errorf("reading %s: %w", dst.Name(), err)
 		}
-		for q := int64(0); q < n; q += page {
-			c := cur[q : q+page]
-			if bytes.Equal(c, old[q:q+page]) {
-				continue
-			}
-			if isZero(c) {
-				if err := unix.Fallocate(int(dst.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, r[0]+q, page); err != nil {
-					return written, fmt.Errorf("punching a hole in %s: %w", dst.Name(), err)
-				}
-				continue
-			}
-			if _, err := dst.WriteAt(c, r[0]+q); err != nil {
-				return written, fmt.Errorf("writing %s: %w", dst.Name(), err)
-			}
-			written += page
+		w, err := mendPages(dst, r[0], cur, old[:n])
+		written += w
+		if err != nil {
+			return written, err
 		}
 	}
 	return written, nil

@@ -320,7 +320,7 @@ func CopySparse(dst, src *os.File) (int64, error) {
 		if _, err := src.ReadAt(chunk, pc[0]); err != nil {
 			return copied, fmt.Errorf("reading %s: %w", src.Name(), err)
 		}
-		n, err := writeNonZero(dst, chunk, pc[0])
+		n, err := mendPages(dst, pc[0], chunk, nil)
 		copied += n
 		if err != nil {
 			return copied, err
@@ -353,29 +353,53 @@ func dataPieces(src *os.File, size, max int64) ([][2]int64, error) {
 	return out, nil
 }
 
-// writeNonZero writes the runs of non-zero pages of chunk to dst at off
-// onwards; zero pages stay holes.
-func writeNonZero(dst *os.File, chunk []byte, off int64) (int64, error) {
+// mendPages makes dst, from off on, hold cur, where it holds old (nil:
+// zeroes, a hole) now: the runs of pages that differ are written, one
+// write a run; a page that became zero becomes a hole. It returns the
+// bytes written. A fresh copy (old nil) thus writes only cur's non-zero
+// pages, and a refresh only what changed.
+func mendPages(dst *os.File, off int64, cur, old []byte) (int64, error) {
 	const page = 4096
-	end := int64(len(chunk))
-	var n int64
-	for p := int64(0); p < end; {
-		if isZero(chunk[p:min(p+page, end)]) {
-			p += page
-			continue
+	end := int64(len(cur))
+	var written int64
+	run := int64(-1) // the start of the run of pages to write
+	flush := func(to int64) error {
+		if run < 0 {
+			return nil
 		}
-		q := p + page
-		for q < end && !isZero(chunk[q:min(q+page, end)]) {
-			q += page
+		if _, err := dst.WriteAt(cur[run:to], off+run); err != nil {
+			return fmt.Errorf("writing %s: %w", dst.Name(), err)
 		}
-		q = min(q, end)
-		if _, err := dst.WriteAt(chunk[p:q], off+p); err != nil {
-			return n, fmt.Errorf("writing %s: %w", dst.Name(), err)
-		}
-		n += q - p
-		p = q
+		written += to - run
+		run = -1
+		return nil
 	}
-	return n, nil
+	for p := int64(0); p < end; p += page {
+		q := min(p+page, end)
+		c := cur[p:q]
+		var same bool
+		if old == nil {
+			same = isZero(c)
+		} else {
+			same = bytes.Equal(c, old[p:q])
+		}
+		switch {
+		case same:
+			if err := flush(p); err != nil {
+				return written, err
+			}
+		case isZero(c):
+			if err := flush(p); err != nil {
+				return written, err
+			}
+			if err := unix.Fallocate(int(dst.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off+p, q-p); err != nil {
+				return written, fmt.Errorf("punching a hole in %s: %w", dst.Name(), err)
+			}
+		case run < 0:
+			run = p
+		}
+	}
+	return written, flush(end)
 }
 
 var zeroPage [4096]byte
@@ -515,7 +539,7 @@ func (mr *sparseMirror) refresh() (int64, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			written[i], errs[i] = mr.refreshExtents(h, dstExt, punch)
+			written[i], errs[i] = mr.refreshExtents(h, dstExt)
 		}()
 	}
 	wg.Wait()
@@ -604,55 +628,31 @@ func splitExtents(ext [][2]int64) [][][2]int64 {
 }
 
 // refreshExtents brings the src extents ext of dst up to date; dstExt
-// are dst's data extents.
-func (mr *sparseMirror) refreshExtents(ext, dstExt [][2]int64, punch func(off, n int64) error) (int64, error) {
-	srcMap, dstMap, dst := mr.srcMap, mr.dstMap, mr.dst
-	const page = 4096
+// are dst's data extents. Each extent is mended in pieces: against dst's
+// bytes where dst holds data, against zeroes where it has a hole.
+func (mr *sparseMirror) refreshExtents(ext, dstExt [][2]int64) (int64, error) {
 	var written int64
-	runStart := int64(-1)
-	flush := func(end int64) error {
-		if runStart < 0 {
-			return nil
-		}
-		if _, err := dst.WriteAt(srcMap[runStart:end], runStart); err != nil {
-			return fmt.Errorf("writing %s: %w", dst.Name(), err)
-		}
-		written += end - runStart
-		runStart = -1
-		return nil
-	}
 	j := 0 // dstExt[j] is the first extent that ends after p
 	for _, e := range ext {
-		for p := e[0]; p < e[1]; p += page {
-			end := min(p+page, e[1])
+		for p := e[0]; p < e[1]; {
 			for j < len(dstExt) && dstExt[j][1] <= p {
 				j++
 			}
-			s := srcMap[p:end]
-			var same bool
-			if j < len(dstExt) && dstExt[j][0] <= p {
-				same = bytes.Equal(s, dstMap[p:end])
-			} else {
-				same = isZero(s)
-			}
+			var old []byte
+			q := e[1]
 			switch {
-			case same:
-				if err := flush(p); err != nil {
-					return written, err
-				}
-			case isZero(s):
-				if err := flush(p); err != nil {
-					return written, err
-				}
-				if err := punch(p, end-p); err != nil {
-					return written, err
-				}
-			case runStart < 0:
-				runStart = p
+			case j < len(dstExt) && dstExt[j][0] <= p: // dst data
+				q = min(q, dstExt[j][1])
+				old = mr.dstMap[p:q]
+			case j < len(dstExt): // a hole up to dst's next data
+				q = min(q, dstExt[j][0])
 			}
-		}
-		if err := flush(e[1]); err != nil {
-			return written, err
+			n, err := mendPages(mr.dst, p, mr.srcMap[p:q], old)
+			written += n
+			if err != nil {
+				return written, err
+			}
+			p = q
 		}
 	}
 	return written, nil
