@@ -22,6 +22,26 @@ func TestPrivateRAMRefresh(t *testing.T) {
 	}
 }
 
+// mapPrivately writes content to file and maps it privately, writable,
+// as QEMU maps a fork's RAM: a write makes the page the map's own.
+func mapPrivately(t *testing.T, file string, content []byte) []byte {
+	t.Helper()
+	if err := os.WriteFile(file, content, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close() // the map outlives the descriptor
+	mem, err := unix.Mmap(int(f.Fd()), 0, len(content), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	return mem
+}
+
 var privateModes = []struct {
 	name string
 	old  bool // the page map read and /proc/PID/mem
@@ -58,19 +78,7 @@ func testPrivateRAMRefresh(t *testing.T, oldWays bool) {
 		orig[i] = byte(i / P)
 	}
 	copy(orig[10*P:11*P], make([]byte, P)) // a zero page in the file
-	if err := os.WriteFile(file, orig, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	mem := mapPrivately(t, file, orig)
 	// Read every page (file pages, not the map's own), then write some.
 	var sum byte
 	for p := 0; p < size; p += P {
@@ -142,19 +150,7 @@ func TestPrivateRAMManyRuns(t *testing.T) {
 	const pages = 5000
 	const size = pages * P
 	file := filepath.Join(t.TempDir(), "ram")
-	if err := os.WriteFile(file, make([]byte, size), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Munmap(mem)
+	mem := mapPrivately(t, file, make([]byte, size))
 	var want [][2]int64
 	for pg := int64(0); pg < pages; pg++ {
 		_ = mem[pg*P] // a file page
