@@ -501,7 +501,7 @@ func (w *ramFileWriter) page(off int64, page []byte) error {
 			return err
 		}
 		w.written[n/64] &^= 1 << (n % 64)
-		if err := unix.Fallocate(int(w.f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, streamPage); err != nil {
+		if err := punchHole(w.f, off, streamPage); err != nil {
 			return fmt.Errorf("writing the artifact's guest memory: %w", err)
 		}
 		return nil

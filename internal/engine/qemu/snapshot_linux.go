@@ -392,14 +392,22 @@ func mendPages(dst *os.File, off int64, cur, old []byte) (int64, error) {
 			if err := flush(p); err != nil {
 				return written, err
 			}
-			if err := unix.Fallocate(int(dst.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off+p, q-p); err != nil {
-				return written, fmt.Errorf("punching a hole in %s: %w", dst.Name(), err)
+			if err := punchHole(dst, off+p, q-p); err != nil {
+				return written, err
 			}
 		case run < 0:
 			run = p
 		}
 	}
 	return written, flush(end)
+}
+
+// punchHole makes n bytes of f from off a hole, f's size unchanged.
+func punchHole(f *os.File, off, n int64) error {
+	if err := unix.Fallocate(int(f.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n); err != nil {
+		return fmt.Errorf("punching a hole in %s: %w", f.Name(), err)
+	}
+	return nil
 }
 
 var zeroPage [4096]byte
@@ -517,15 +525,9 @@ func (mr *sparseMirror) refresh() (int64, error) {
 			return 0, err
 		}
 	}
-	punch := func(off, n int64) error {
-		if err := unix.Fallocate(int(dst.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n); err != nil {
-			return fmt.Errorf("punching a hole in %s: %w", dst.Name(), err)
-		}
-		return nil
-	}
 	// What dst holds that src does not: holes.
 	for _, d := range subtractExtents(dstExt, srcExt) {
-		if err := punch(d[0], d[1]-d[0]); err != nil {
+		if err := punchHole(dst, d[0], d[1]-d[0]); err != nil {
 			return 0, err
 		}
 	}
