@@ -104,7 +104,7 @@ type pageRegion struct{ start, end, categories uint64 }
 
 // ownPages lists the runs of pages (byte offsets into the mapping) the
 // guest holds as its own copies: present and anonymous, or swapped out.
-// Runs are at most 1 MiB long.
+// Runs are at most ownRunMax long.
 func (p *privateRAM) ownPages() ([][2]int64, error) {
 	if !p.noScan {
 		runs, err := p.scanOwnPages()
@@ -140,8 +140,8 @@ func (p *privateRAM) scanOwnPages() ([][2]int64, error) {
 		}
 		for _, r := range regions[:n] {
 			for off := int64(r.start) - p.base; off < int64(r.end)-p.base; {
-				end := min(off+1<<20, int64(r.end)-p.base)
-				runs = appendRun(runs, off, end)
+				end := min(off+ownRunMax, int64(r.end)-p.base)
+				runs = appendExtent(runs, [2]int64{off, end}, ownRunMax)
 				off = end
 			}
 		}
@@ -153,15 +153,9 @@ func (p *privateRAM) scanOwnPages() ([][2]int64, error) {
 	return runs, nil
 }
 
-// appendRun appends [off, end) to runs, joining it to the last run when
-// they touch and the two stay within 1 MiB.
-func appendRun(runs [][2]int64, off, end int64) [][2]int64 {
-	if k := len(runs); k > 0 && runs[k-1][1] == off && end-runs[k-1][0] <= 1<<20 {
-		runs[k-1][1] = end
-		return runs
-	}
-	return append(runs, [2]int64{off, end})
-}
+// ownRunMax bounds a run of own pages: refreshRuns compares each in a
+// buffer of this size.
+const ownRunMax = 1 << 20
 
 // readOwnPages is ownPages by reading /proc/PID/pagemap.
 func (p *privateRAM) readOwnPages() ([][2]int64, error) {
@@ -182,7 +176,7 @@ func (p *privateRAM) readOwnPages() ([][2]int64, error) {
 				continue
 			}
 			off := (first + i) * page
-			runs = appendRun(runs, off, off+page)
+			runs = appendExtent(runs, [2]int64{off, off + page}, ownRunMax)
 		}
 	}
 	return runs, nil
@@ -254,7 +248,7 @@ func (p *privateRAM) refreshRuns(dst *os.File, runs [][2]int64) (int64, error) {
 	if err := p.readRuns(all, runs); err != nil {
 		return 0, err
 	}
-	old := make([]byte, 1<<20)
+	old := make([]byte, ownRunMax)
 	var written int64
 	at := int64(0)
 	for _, r := range runs {

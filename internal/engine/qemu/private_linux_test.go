@@ -156,7 +156,7 @@ func TestPrivateRAMManyRuns(t *testing.T) {
 		_ = mem[pg*P] // a file page
 		if pg%3 == 0 || (pg > 3000 && pg < 3600) {
 			mem[pg*P+7] = byte(pg) | 1 // the map's own
-			want = appendRun(want, pg*P, pg*P+P)
+			want = appendExtent(want, [2]int64{pg * P, pg*P + P}, ownRunMax)
 		}
 	}
 	if len(want) < 1100 {

@@ -583,11 +583,11 @@ func withNewData(f *os.File, ext [][2]int64, size int64) ([][2]int64, error) {
 			if err != nil {
 				return nil, fmt.Errorf("finding holes in %s: %w", f.Name(), err)
 			}
-			out = appendExtent(out, [2]int64{data, min(next, end)})
+			out = appendExtent(out, [2]int64{data, min(next, end)}, 0)
 			off = next
 		}
 		if i < len(ext) {
-			out = appendExtent(out, ext[i])
+			out = appendExtent(out, ext[i], 0)
 			hole = ext[i][1]
 		}
 	}
@@ -595,11 +595,16 @@ func withNewData(f *os.File, ext [][2]int64, size int64) ([][2]int64, error) {
 }
 
 // appendExtent appends e to sorted extents, merging it with the last one
-// when they touch.
-func appendExtent(ext [][2]int64, e [2]int64) [][2]int64 {
+// when they touch or overlap and the merged extent is at most limit
+// bytes long (0: any length). With a limit, extents must not overlap:
+// one that cannot be merged is appended as it is.
+func appendExtent(ext [][2]int64, e [2]int64, limit int64) [][2]int64 {
 	if n := len(ext); n > 0 && ext[n-1][1] >= e[0] {
-		ext[n-1][1] = max(ext[n-1][1], e[1])
-		return ext
+		end := max(ext[n-1][1], e[1])
+		if limit == 0 || end-ext[n-1][0] <= limit {
+			ext[n-1][1] = end
+			return ext
+		}
 	}
 	return append(ext, e)
 }
