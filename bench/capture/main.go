@@ -34,7 +34,6 @@ import (
 
 	"github.com/nethersandbox/nether/bench/internal/harness"
 	"github.com/nethersandbox/nether/client"
-	"github.com/nethersandbox/nether/internal/testharness"
 )
 
 var pauseRE = regexp.MustCompile(`pause_ms=(\d+)`)
@@ -169,7 +168,8 @@ func main() {
 		// parked ones' directories (their parks are there) go after.
 		parked := base
 		var wb time.Duration
-		base, c, wb = wakeKeep(repo, bparkArt)
+		base, c, wb, err = harness.StartFirstCommand(repo, "ram_mb = 512\nrestore = 1\nrestore_from = "+bparkArt+"\n")
+		check(err)
 		wf, err := harness.FirstCommand(repo, "ram_mb = 512\nrestore = 1\nrestore_from = "+fparkArt+"\n")
 		check(err)
 		fork.Close()
@@ -185,17 +185,6 @@ func main() {
 	fmt.Printf("  median of the rounds' ratios: __snapshot__ %.2fx, __park__ %.2fx, wake %.2fx\n",
 		median(snapRatios), median(parkRatios), median(wakeRatios))
 	c.Close()
-}
-
-// wakeKeep wakes a park and keeps it running: the time from its process
-// start to its first command answered, as harness.FirstCommand counts.
-func wakeKeep(repo, art string) (*testharness.Sandbox, *client.Client, time.Duration) {
-	sb, err := harness.Start(repo, "ram_mb = 512\nrestore = 1\nrestore_from = "+art+"\n")
-	check(err)
-	c, err := sb.Dial(30 * time.Second)
-	check(err)
-	check(harness.Run(c, "true"))
-	return sb, c, time.Since(sb.Started)
 }
 
 func median(v []float64) float64 {

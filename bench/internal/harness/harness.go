@@ -107,20 +107,34 @@ func NexusTrue(state, id string) error {
 // start until its first command (`true`) was answered; the sandbox is
 // stopped afterwards.
 func FirstCommand(repo, conf string) (time.Duration, error) {
+	sb, c, d, err := StartFirstCommand(repo, conf)
+	if err != nil {
+		return 0, err
+	}
+	c.Close()
+	sb.Close()
+	return d, nil
+}
+
+// StartFirstCommand is FirstCommand for a sandbox that runs on: it
+// returns the sandbox and its client with the time, and stops nothing
+// unless it fails.
+func StartFirstCommand(repo, conf string) (*testharness.Sandbox, *client.Client, time.Duration, error) {
 	sb, err := Start(repo, conf)
 	if err != nil {
-		return 0, err
+		return nil, nil, 0, err
 	}
-	defer sb.Close()
 	c, err := sb.Dial(30 * time.Second)
 	if err != nil {
-		return 0, err
+		sb.Close()
+		return nil, nil, 0, err
 	}
-	defer c.Close()
 	if err := Run(c, "true"); err != nil {
-		return 0, err
+		c.Close()
+		sb.Close()
+		return nil, nil, 0, err
 	}
-	return time.Since(sb.Started), nil
+	return sb, c, time.Since(sb.Started), nil
 }
 
 // Percentile of sorted durations (nearest rank).
