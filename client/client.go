@@ -275,6 +275,24 @@ func (c *Client) Run(ctx context.Context, line string, out io.Writer) (exit int,
 	return c.run(ctx, line, out, mode)
 }
 
+// ErrControlLine is wrapped (with ErrInvalidCommand) by Shell for a line
+// nether would read as one of its own control verbs.
+var ErrControlLine = errors.New("the line begins with __, nether's reserved control namespace")
+
+// Shell runs line as a shell command in the guest and nothing else: a
+// line nether would read as a control verb (it begins with "__" once
+// trimmed) is refused before anything is sent, wrapping ErrControlLine and
+// ErrInvalidCommand. A platform that forwards its tenants' commands calls
+// Shell, never Run, so a tenant cannot snapshot, park, shut down or move
+// files through the sandbox's control socket. To run a guest program
+// whose name begins with "__", quote it or give its path ("./__x").
+func (c *Client) Shell(ctx context.Context, line string, out io.Writer) (exit int, err error) {
+	if cmdline.IsControlLine(line) {
+		return 0, fmt.Errorf("client: %w: %w (to run such a program in the guest, quote it or give its path: ./__name)", ErrInvalidCommand, ErrControlLine)
+	}
+	return c.Run(ctx, line, out)
+}
+
 type readMode int
 
 const (

@@ -7,6 +7,7 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -309,5 +310,63 @@ func TestInvalidCommand(t *testing.T) {
 		if _, _, err := run(t, c, line); !errors.Is(err, ErrInvalidCommand) {
 			t.Errorf("Run(%q) = %v", line, err)
 		}
+	}
+}
+
+// TestShellRefusesControlLines: Shell never sends a line nether would read
+// as one of its own verbs, and sends every other line as it is.
+func TestShellRefusesControlLines(t *testing.T) {
+	var mu sync.Mutex
+	var got []string
+	sock := fakeServer(t, v2Report, func(line string, c io.Writer) bool {
+		mu.Lock()
+		got = append(got, line)
+		mu.Unlock()
+		c.Write(frame.Framed("ran", 0))
+		return true
+	})
+	c := dial(t, sock)
+	tests := []struct {
+		line   string
+		refuse bool
+	}{
+		{"__info__", true},
+		{"__shutdown__", true},
+		{"  __park__ p", true},
+		{"\t__get__ /etc/passwd nether.out", true},
+		{"\v\f__snapshot__", true},
+		{"__no_such_verb__", true},
+		{"__", true},
+		{"./__info__", false},
+		{"'__info__'", false},
+		{"echo __info__", false},
+		{"_info_", false},
+		{"\u00a0__info__", false}, // a non-ASCII space is a path byte, as nether reads it
+	}
+	for _, tt := range tests {
+		t.Run(tt.line, func(t *testing.T) {
+			mu.Lock()
+			got = nil
+			mu.Unlock()
+			_, err := c.Shell(context.Background(), tt.line, io.Discard)
+			mu.Lock()
+			sent := got
+			mu.Unlock()
+			if tt.refuse {
+				if !errors.Is(err, ErrControlLine) || !errors.Is(err, ErrInvalidCommand) {
+					t.Fatalf("Shell(%q) = %v, want ErrControlLine", tt.line, err)
+				}
+				if len(sent) != 0 {
+					t.Fatalf("Shell(%q) sent %q", tt.line, sent)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Shell(%q) = %v", tt.line, err)
+			}
+			if len(sent) != 1 || sent[0] != tt.line {
+				t.Fatalf("Shell(%q) sent %q", tt.line, sent)
+			}
+		})
 	}
 }

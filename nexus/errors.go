@@ -18,7 +18,8 @@ const (
 	KindNameTaken = "name_taken"         // the name belongs to another record
 	KindBadInput  = "bad_request"        // the request itself is malformed; nothing was touched
 	KindInUse     = "in_use"             // a snapshot that sandboxes or a warm pool still depend on
-	KindRefused   = "refused"            // admission refused it: no plan, or a plan that does not allow it
+	KindRefused   = "refused"            // admission refused it (no plan, or a plan that does not allow it), or the guest did (permission denied)
+	KindTooLarge  = "too_large"          // a file over the sandbox's max_transfer_bytes
 	KindInternal  = "internal"           // anything else: a guest that did not come up, a damaged store, ...
 )
 
@@ -43,6 +44,8 @@ func Kind(err error) string {
 		return KindInUse
 	case errors.Is(err, ErrRefused):
 		return KindRefused
+	case errors.Is(err, ErrTooLarge):
+		return KindTooLarge
 	case errors.Is(err, ErrInvalid), errors.Is(err, store.ErrAmbiguous), errors.Is(err, client.ErrInvalidCommand):
 		return KindBadInput
 	}

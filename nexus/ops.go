@@ -582,7 +582,10 @@ func (n *Nexus) running(ctx context.Context, ref, what string) (*Sandbox, error)
 }
 
 // Exec runs a shell command in a running sandbox, streaming its output
-// to out, and returns its exit code.
+// to out, and returns its exit code. The command is a guest shell line
+// only: one nether would read as its own control verb is refused as a bad
+// request (client.Shell), so exec can never snapshot, park, stop or move
+// files behind nexus's back.
 func (n *Nexus) Exec(ctx context.Context, ref, command string, out io.Writer) (int, error) {
 	sb, err := n.running(ctx, ref, "exec")
 	if err != nil {
@@ -593,11 +596,14 @@ func (n *Nexus) Exec(ctx context.Context, ref, command string, out io.Writer) (i
 		return -1, err
 	}
 	defer c.Close()
-	return c.Run(ctx, command, out)
+	return c.Shell(ctx, command, out)
 }
 
 // CopyIn copies the host file src into a running sandbox at guestPath.
 func (n *Nexus) CopyIn(ctx context.Context, ref, src, guestPath string) error {
+	if err := checkGuestPath(guestPath); err != nil {
+		return err
+	}
 	sb, err := n.running(ctx, ref, "cp")
 	if err != nil {
 		return err
@@ -611,11 +617,14 @@ func (n *Nexus) CopyIn(ctx context.Context, ref, src, guestPath string) error {
 	}
 	defer os.Remove(dst)
 	_, err = n.control(ctx, sb, "__put__ "+tmp+" "+guestPath)
-	return err
+	return transferError(err)
 }
 
 // CopyOut copies guestPath out of a running sandbox into the host file dst.
 func (n *Nexus) CopyOut(ctx context.Context, ref, guestPath, dst string) error {
+	if err := checkGuestPath(guestPath); err != nil {
+		return err
+	}
 	sb, err := n.running(ctx, ref, "cp")
 	if err != nil {
 		return err
@@ -624,12 +633,54 @@ func (n *Nexus) CopyOut(ctx context.Context, ref, guestPath, dst string) error {
 	src := filepath.Join(n.sandboxDir(sb.ID), tmp)
 	defer os.Remove(src)
 	if _, err := n.control(ctx, sb, "__get__ "+guestPath+" "+tmp); err != nil {
-		return err
+		return transferError(err)
 	}
 	if err := os.Rename(src, dst); err != nil {
 		return copyFile(src, dst)
 	}
 	return nil
+}
+
+// checkGuestPath refuses, as a bad request, a guest path nether's control
+// line cannot carry: its arguments are split on ASCII blanks, so a path
+// with one would reach nether as other arguments than the caller meant.
+func checkGuestPath(p string) error {
+	switch {
+	case p == "":
+		return fmt.Errorf("%w: the guest path is empty", ErrInvalid)
+	case strings.ContainsAny(p, " \t\r\n\v\f"):
+		return fmt.Errorf("%w: guest path %q holds a blank, tab or line break, which nether's control protocol cannot carry", ErrInvalid, p)
+	case strings.ContainsAny(p, "\x00\x1e\x1f"):
+		return fmt.Errorf("%w: guest path %q holds a NUL or frame delimiter byte", ErrInvalid, p)
+	}
+	return nil
+}
+
+// ErrTooLarge marks a transfer over the sandbox's max_transfer_bytes.
+var ErrTooLarge = errors.New("too large")
+
+// transferError classifies a failed __put__/__get__ by what the guest's
+// agent and nether said, so a caller can tell its own mistake (a path that
+// is not there, not a regular file, not permitted, or a file over the
+// limit) from nexus's or nether's failure. The texts are the agent's and
+// nether's own (cmd/nether-agent transfer_linux.go, agentclient); a guest
+// that forges them changes only the status of its own sandbox's reply.
+func transferError(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	switch {
+	case strings.HasSuffix(msg, ": no such file or directory"), strings.HasSuffix(msg, ": not a directory"):
+		return fmt.Errorf("%w: %s", store.ErrNotFound, msg)
+	case strings.Contains(msg, ": not a regular file"), strings.HasSuffix(msg, ": is a directory"):
+		return fmt.Errorf("%w: %s", ErrInvalid, msg)
+	case strings.HasSuffix(msg, ": permission denied"), strings.HasSuffix(msg, ": read-only file system"):
+		return fmt.Errorf("%w: %s", ErrRefused, msg)
+	case strings.Contains(msg, "over the transfer limit"):
+		return fmt.Errorf("%w: %s", ErrTooLarge, msg)
+	}
+	return err
 }
 
 func copyFile(src, dst string) error {

@@ -310,7 +310,7 @@ func (s *Set) Parse(line string) (Command, error) {
 	if strings.IndexByte(line, '\n') >= 0 {
 		return Command{}, ErrNewline
 	}
-	if !strings.HasPrefix(line, "__") {
+	if !IsControlLine(line) {
 		if _, ok := s.Lookup(Shell); !ok {
 			return Command{}, errorf(ErrUnknownCommand, "unknown command: this server runs no shell commands")
 		}
@@ -330,6 +330,16 @@ func (s *Set) Parse(line string) (Command, error) {
 		args = nil
 	}
 	return Command{Name: name, Args: args}, nil
+}
+
+// IsControlLine says whether a server would read line as a control verb
+// (the reserved __name__ namespace) rather than as a guest shell command,
+// whatever the verb's arguments and whether the server serves it. A caller
+// that forwards someone else's shell line (nexus's exec) uses it to make
+// sure that line can never reach nether itself: it decides exactly as
+// Parse does, on the line trimmed of ASCII blanks.
+func IsControlLine(line string) bool {
+	return strings.HasPrefix(strings.TrimFunc(line, isBlank), "__")
 }
 
 func (sp Spec) checkArgs(args []string) error {

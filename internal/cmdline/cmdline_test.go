@@ -266,3 +266,33 @@ func TestSetHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestIsControlLine: the forwarder's check decides as the parser does.
+func TestIsControlLine(t *testing.T) {
+	tests := []struct {
+		line string
+		want bool
+	}{
+		{"__info__", true},
+		{" \t\r\v\f__park__ x", true},
+		{"__unknown__ a b", true},
+		{"__", true},
+		{"\n__shutdown__\n", true},
+		{"_x", false},
+		{"./__info__", false},
+		{"echo __info__", false},
+		{"\u00a0__info__", false},
+		{"", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.line, func(t *testing.T) {
+			if got := IsControlLine(tt.line); got != tt.want {
+				t.Fatalf("IsControlLine(%q) = %v, want %v", tt.line, got, tt.want)
+			}
+			c, err := Parse(tt.line)
+			if err == nil && (c.Name != "") != tt.want {
+				t.Fatalf("Parse(%q) = %#v, disagreeing", tt.line, c)
+			}
+		})
+	}
+}

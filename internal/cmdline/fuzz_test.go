@@ -7,7 +7,9 @@ import (
 
 // FuzzParse: Parse never panics, and whatever it accepts is safe to relay:
 // no frame byte, NUL or newline in the shell text or arguments, and no
-// whitespace inside an argument.
+// whitespace inside an argument; and IsControlLine agrees with it, so a
+// line a forwarder lets through as a shell command is one nether runs as
+// a shell command.
 func FuzzParse(f *testing.F) {
 	for _, s := range []string{
 		"ls -la", "__info__", "__put__ a b", "__get__ a b c", "__events__ 7",
@@ -19,6 +21,12 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, line string) {
 		c, err := Parse(line)
+		if IsControlLine(line) && err == nil && c.Name == "" {
+			t.Fatalf("IsControlLine(%q) but Parse made it a shell command", line)
+		}
+		if !IsControlLine(line) && err == nil && c.Name != "" {
+			t.Fatalf("Parse(%q) made verb %q that IsControlLine missed", line, c.Name)
+		}
 		if err != nil {
 			if err.Error() == "" {
 				t.Fatal("empty error text")

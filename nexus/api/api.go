@@ -53,6 +53,8 @@ func statusOf(kind string) int {
 		return http.StatusForbidden
 	case kindMethod:
 		return http.StatusMethodNotAllowed
+	case nexus.KindTooLarge:
+		return http.StatusRequestEntityTooLarge
 	}
 	return http.StatusInternalServerError
 }

@@ -336,6 +336,18 @@ func TestExecStream(t *testing.T) {
 		t.Fatalf("silent: %d %q %v", resp2.StatusCode, b, resp2.Trailer)
 	}
 
+	// A line nether would read as its own verb never reaches it: exec is
+	// the guest's shell, not nether's control socket.
+	for _, line := range []string{"__info__", "__shutdown__", " __park__ p", "\t__get__ /etc/passwd nether.out", "__snapshot__ s"} {
+		before := len(g.received())
+		body, _ := json.Marshal(map[string]string{"command": line})
+		e.wantErr(400, "bad_request", "POST", "/v1/sandboxes/fake/exec", string(body), "reserved control namespace")
+		e.wantErr(400, "bad_request", "POST", "/v1/sandboxes/fake/exec?format=json", string(body), "reserved control namespace")
+		if got := g.received(); len(got) != before {
+			t.Fatalf("exec %q sent nether %q", line, got[before:])
+		}
+	}
+
 	// nether refuses the command before any output: an ordinary error.
 	e.wantErr(500, "internal", "POST", "/v1/sandboxes/fake/exec", `{"command": "refused"}`, "agent not connected")
 
@@ -409,7 +421,35 @@ func TestFiles(t *testing.T) {
 	if resp.StatusCode != 200 || string(b) != string(data) || resp.Header.Get("Content-Type") != "application/octet-stream" {
 		t.Fatalf("GET: %d, %d bytes, %q", resp.StatusCode, len(b), resp.Header.Get("Content-Type"))
 	}
-	e.wantErr(500, "internal", "GET", "/v1/sandboxes/fake/files?path=/srv/nothing", "", "no such file")
+	// What the guest cannot give is the caller's mistake, each with the
+	// status a REST client expects; a path the control line cannot carry
+	// is refused before nether sees it.
+	for _, tc := range []struct {
+		path   string
+		status int
+		kind   string
+		words  string
+	}{
+		{"/srv/nothing", 404, "not_found", "no such file"},
+		{"/etc", 400, "bad_request", "not a regular file"},
+		{"/dev/zero", 400, "bad_request", "not a regular file"},
+		{"/tmp/fifo", 400, "bad_request", "not a regular file"},
+		{"/root/secret", 403, "refused", "permission denied"},
+		{"/srv/huge", 413, "too_large", "transfer limit"},
+		{"/tmp/a%20b", 400, "bad_request", "blank"},
+		{"/tmp/a%09b", 400, "bad_request", "blank"},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			before := len(g.received())
+			e.wantErr(tc.status, tc.kind, "GET", "/v1/sandboxes/fake/files?path="+tc.path, "", tc.words)
+			if tc.words == "blank" {
+				if got := g.received(); len(got) != before {
+					t.Fatalf("nether was sent %q for a path it cannot carry", got[before:])
+				}
+				e.wantErr(tc.status, tc.kind, "PUT", "/v1/sandboxes/fake/files?path="+tc.path, "x", tc.words)
+			}
+		})
+	}
 	left, _ := filepath.Glob(filepath.Join(e.dir, ".api-*"))
 	cps, _ := filepath.Glob(filepath.Join(g.dir, ".cp-*"))
 	if len(left)+len(cps) > 0 {

@@ -141,6 +141,7 @@ type fakeGuest struct {
 
 	mu    sync.Mutex
 	files map[string][]byte // guest path -> bytes, for __put__ and __get__
+	lines []string          // every line nether received, in order
 	// gate holds the "slow" command between its two chunks until it is
 	// opened.
 	gate     chan struct{}
@@ -176,6 +177,9 @@ func (e *env) fakeGuest(name string) *fakeGuest {
 
 // handle answers what the API's operations send a sandbox's nether.
 func (g *fakeGuest) handle(line string, w io.Writer) bool {
+	g.mu.Lock()
+	g.lines = append(g.lines, line)
+	g.mu.Unlock()
 	f := strings.Fields(line)
 	switch {
 	case line == "slow":
@@ -214,7 +218,18 @@ func (g *fakeGuest) handle(line string, w io.Writer) bool {
 		b, ok := g.files[f[1]]
 		g.mu.Unlock()
 		if !ok {
-			w.Write(frame.Framed("ERR no such file "+f[1], 1))
+			// nether's own words for each way a guest file cannot be
+			// read (control's ERR, the agent's reason).
+			switch f[1] {
+			case "/etc", "/dev/zero", "/tmp/fifo":
+				w.Write(frame.Framed("ERR get: "+f[1]+": not a regular file", -1))
+			case "/root/secret":
+				w.Write(frame.Framed("ERR get: opening /root/secret: permission denied", -1))
+			case "/srv/huge":
+				w.Write(frame.Framed("ERR get: over the transfer limit of 1073741824 bytes", -1))
+			default:
+				w.Write(frame.Framed("ERR get: opening "+f[1]+": no such file or directory", -1))
+			}
 			break
 		}
 		if err := os.WriteFile(filepath.Join(g.dir, f[2]), b, 0o600); err != nil {
@@ -226,6 +241,13 @@ func (g *fakeGuest) handle(line string, w io.Writer) bool {
 		w.Write(frame.Framed("unknown fake command "+line, 127))
 	}
 	return true
+}
+
+// received is every line nether has received so far.
+func (g *fakeGuest) received() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]string(nil), g.lines...)
 }
 
 func (g *fakeGuest) file(path string) []byte {
