@@ -27,7 +27,7 @@ var (
 	ErrNotRegular  = errors.New("not a regular file")
 	ErrUnsupported = errors.New("transfer jail is only supported on Linux")
 	ErrFinished    = errors.New("file already committed or aborted")
-	ErrProtected   = errors.New("nether's own file; transfers may not write it")
+	ErrProtected   = errors.New("nether's own file; transfers may not touch it")
 )
 
 // artifactMarker is the file every committed snapshot artifact holds, and

@@ -30,13 +30,17 @@ type Jail struct {
 	mu        sync.RWMutex
 	fd        int // O_PATH|O_DIRECTORY; -1 once closed
 	path      string
-	protected map[string]bool // names in the jail root that Create refuses
+	protected map[string]bool // names in the jail root that Create and OpenRead refuse
+	files     map[fileID]bool // files refused wherever they are linked (ProtectFD)
 }
 
-// Protect makes Create refuse the given names in the jail's top
-// directory: nether's own files (its configuration, the console log, its
-// sockets), which a transfer must never replace. Snapshot artifacts are
-// always protected.
+// fileID is a file's identity, whatever names it has.
+type fileID struct{ dev, ino uint64 }
+
+// Protect makes Create and OpenRead refuse the given names in the jail's
+// top directory: nether's own files (its configuration, the console log,
+// its sockets), which a transfer must never replace, nor carry into the
+// guest. Snapshot artifacts are always protected from writes.
 func (j *Jail) Protect(names ...string) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -46,6 +50,37 @@ func (j *Jail) Protect(names ...string) {
 	for _, n := range names {
 		j.protected[n] = true
 	}
+}
+
+// ProtectFD makes Create and OpenRead refuse the file open on fd, under
+// whatever name and wherever in the jail it is linked, when it is a
+// regular file; other files (a pipe, /dev/null, a terminal) are not
+// reachable through the jail anyway and are ignored. nether protects its
+// own stdout and stderr this way: an orchestrator points them at files in
+// the launch directory (nexus's nether.out, which holds the final usage
+// record it bills from, and nether.log), names nether cannot know.
+func (j *Jail) ProtectFD(fd int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("transfer jail: protecting descriptor %d: %w", fd, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFREG {
+		return nil
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.files == nil {
+		j.files = map[fileID]bool{}
+	}
+	j.files[fileID{uint64(st.Dev), st.Ino}] = true
+	return nil
+}
+
+// protectedFile reports whether st is a file ProtectFD named.
+func (j *Jail) protectedFile(st *unix.Stat_t) bool {
+	j.mu.RLock()
+	defer j.mu.RUnlock()
+	return j.files[fileID{uint64(st.Dev), st.Ino}]
 }
 
 // Open pins dir as the transfer jail. The directory itself may be reached
@@ -99,7 +134,11 @@ func (j *Jail) OpenRead(rel string) (*os.File, error) {
 }
 
 func (j *Jail) openRead(rel string) (*os.File, error) {
-	if _, _, err := split(rel); err != nil {
+	dirs, base, err := split(rel)
+	if err != nil {
+		return nil, err
+	}
+	if err := j.checkProtectedName(dirs, base); err != nil {
 		return nil, err
 	}
 	root, unlock, err := j.rootFD()
@@ -113,7 +152,7 @@ func (j *Jail) openRead(rel string) (*os.File, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := requireRegular(fd); err != nil {
+	if err := j.requireUnprotected(fd); err != nil {
 		unix.Close(fd)
 		return nil, err
 	}
@@ -124,11 +163,24 @@ func (j *Jail) openRead(rel string) (*os.File, error) {
 	return os.NewFile(uintptr(fd), rel), nil
 }
 
-func requireRegular(fd int) error {
+// requireUnprotected refuses what fd is open on unless it is a regular
+// file that is not one of nether's own (ProtectFD): the check is on the
+// open file, so no name or link can stand in for it.
+func (j *Jail) requireUnprotected(fd int) error {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return fmt.Errorf("fstat: %w", err)
 	}
+	if err := regular(&st); err != nil {
+		return err
+	}
+	if j.protectedFile(&st) {
+		return fmt.Errorf("%w: it is nether's own output", ErrProtected)
+	}
+	return nil
+}
+
+func regular(st *unix.Stat_t) error {
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
 		return nil
@@ -234,6 +286,7 @@ func classify(err error) error {
 // a failed transfer (say, a half-written snapshot holding guest memory)
 // never lingers under the real name.
 type AtomicFile struct {
+	j       *Jail
 	f       *os.File
 	dirfd   int // parent directory, O_RDONLY so it can be fsynced
 	tmp     string
@@ -272,7 +325,7 @@ func (j *Jail) create(rel string, perm os.FileMode) (*AtomicFile, error) {
 		unix.Close(dirfd)
 		return nil, fmt.Errorf("%w: the directory is a snapshot artifact", ErrProtected)
 	}
-	if err := checkTarget(dirfd, base); err != nil {
+	if err := j.checkTarget(dirfd, base); err != nil {
 		unix.Close(dirfd)
 		return nil, err
 	}
@@ -293,15 +346,24 @@ func (j *Jail) create(rel string, perm os.FileMode) (*AtomicFile, error) {
 			return nil, fmt.Errorf("creating temporary file: %w", err)
 		}
 	}
-	return &AtomicFile{f: os.NewFile(uintptr(fd), rel), dirfd: dirfd, tmp: tmp, base: base, rel: rel}, nil
+	return &AtomicFile{j: j, f: os.NewFile(uintptr(fd), rel), dirfd: dirfd, tmp: tmp, base: base, rel: rel}, nil
 }
 
-// checkProtected refuses nether's own files by name.
-func (j *Jail) checkProtected(dirs []string, base string) error {
+// checkProtectedName refuses nether's own files by name.
+func (j *Jail) checkProtectedName(dirs []string, base string) error {
 	j.mu.RLock()
 	defer j.mu.RUnlock()
 	if len(dirs) == 0 && j.protected[base] {
 		return ErrProtected
+	}
+	return nil
+}
+
+// checkProtected refuses a write to nether's own files by name and into
+// a snapshot being written.
+func (j *Jail) checkProtected(dirs []string, base string) error {
+	if err := j.checkProtectedName(dirs, base); err != nil {
+		return err
 	}
 	for _, d := range append(dirs, base) {
 		if protectedDir(d) {
@@ -315,7 +377,8 @@ func (j *Jail) checkProtected(dirs []string, base string) error {
 // an attack: a symlink (rename would replace the link, which is harmless,
 // but a planted link is a sign of tampering), a directory or a special
 // file. A missing target is fine.
-func checkTarget(dirfd int, base string) error {
+// nether's own output (ProtectFD) is refused under any name.
+func (j *Jail) checkTarget(dirfd int, base string) error {
 	var st unix.Stat_t
 	err := unix.Fstatat(dirfd, base, &st, unix.AT_SYMLINK_NOFOLLOW)
 	if errors.Is(err, unix.ENOENT) {
@@ -326,6 +389,9 @@ func checkTarget(dirfd int, base string) error {
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFREG:
+		if j.protectedFile(&st) {
+			return fmt.Errorf("%w: it is nether's own output", ErrProtected)
+		}
 		return nil
 	case unix.S_IFLNK:
 		return ErrSymlink
@@ -383,7 +449,7 @@ func (a *AtomicFile) Commit() error {
 		// Re-check: a directory or special file planted since Create must
 		// not be clobbered (rename over an empty directory fails anyway, but
 		// say why).
-		err = checkTarget(a.dirfd, a.base)
+		err = a.j.checkTarget(a.dirfd, a.base)
 	}
 	if err == nil {
 		err = unix.Renameat(a.dirfd, a.tmp, a.dirfd, a.base)

@@ -463,3 +463,118 @@ func TestProtectedNames(t *testing.T) {
 		t.Fatal("nether.conf changed")
 	}
 }
+
+// TestProtectedReads: nether's own files by name are not carried into the
+// guest either; other files and the same names below the top are.
+func TestProtectedReads(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"nether.conf", "console.log", "data.txt"} {
+		os.WriteFile(filepath.Join(dir, n), []byte(n), 0o600)
+	}
+	os.MkdirAll(filepath.Join(dir, "sub"), 0o700)
+	os.WriteFile(filepath.Join(dir, "sub", "nether.conf"), []byte("mine"), 0o600)
+	j, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	j.Protect("nether.conf", "console.log")
+	for _, tc := range []struct {
+		rel     string
+		refused bool
+	}{
+		{"nether.conf", true},
+		{"console.log", true},
+		{"data.txt", false},
+		{"sub/nether.conf", false},
+	} {
+		t.Run(tc.rel, func(t *testing.T) {
+			f, err := j.OpenRead(tc.rel)
+			if tc.refused {
+				if !errors.Is(err, ErrProtected) {
+					t.Fatalf("OpenRead(%q) = %v, want ErrProtected", tc.rel, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("OpenRead(%q): %v", tc.rel, err)
+			}
+			f.Close()
+		})
+	}
+}
+
+// TestProtectFD: a file nether writes through a descriptor (its stdout,
+// its stderr) is refused to reads and writes under its own name, under a
+// hard link to it, and when it is planted at the target after Create;
+// a descriptor that is not a regular file protects nothing.
+func TestProtectFD(t *testing.T) {
+	dir := t.TempDir()
+	out, err := os.OpenFile(filepath.Join(dir, "nether.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	out.WriteString("[nether] final usage (reason=shutdown): uptime_ms=5\n")
+	if err := os.MkdirAll(filepath.Join(dir, "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(dir, "nether.out"), filepath.Join(dir, "sub", "alias")); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "other"), []byte("x"), 0o600)
+	j, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.Close()
+	if err := j.ProtectFD(int(out.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if err := j.ProtectFD(int(w.Fd())); err != nil {
+		t.Fatalf("a pipe: %v", err)
+	}
+
+	for _, rel := range []string{"nether.out", "sub/alias"} {
+		t.Run(rel, func(t *testing.T) {
+			if f, err := j.OpenRead(rel); !errors.Is(err, ErrProtected) {
+				if f != nil {
+					f.Close()
+				}
+				t.Fatalf("OpenRead(%q) = %v, want ErrProtected", rel, err)
+			}
+			if af, err := j.Create(rel, 0o600); !errors.Is(err, ErrProtected) {
+				if af != nil {
+					af.Abort()
+				}
+				t.Fatalf("Create(%q) = %v, want ErrProtected", rel, err)
+			}
+		})
+	}
+	// Planted after Create: the commit refuses to rename over it.
+	af, err := j.Create("later", 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	af.Write([]byte("forged"))
+	if err := os.Link(filepath.Join(dir, "nether.out"), filepath.Join(dir, "later")); err != nil {
+		t.Fatal(err)
+	}
+	if err := af.Commit(); !errors.Is(err, ErrProtected) {
+		t.Fatalf("Commit over a planted link = %v, want ErrProtected", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dir, "nether.out")); !strings.Contains(string(b), "uptime_ms=5") {
+		t.Fatalf("nether.out is now %q", b)
+	}
+	if f, err := j.OpenRead("other"); err != nil {
+		t.Fatalf("an unprotected file: %v", err)
+	} else {
+		f.Close()
+	}
+}

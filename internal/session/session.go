@@ -263,10 +263,20 @@ func (s *Session) run() (reason string, err error) {
 		s.jail = j
 		defer j.Close()
 		// A transfer must never replace what nether itself reads or
-		// writes in the launch directory: a __get__ onto nether.conf would
-		// choose the next run's configuration, one onto console.log forge
-		// its log.
+		// writes in the launch directory, nor read it: a __get__ onto
+		// nether.conf would choose the next run's configuration, one onto
+		// console.log forge its log, a __put__ of nether.conf would show
+		// the guest its identity token.
 		j.Protect(conf.FileName, ConsoleLog)
+		// Nor nether's own stdout and stderr, when they are files: an
+		// orchestrator bills from the final record on stdout (nexus's
+		// nether.out) and reads the log on stderr (nether.log), and a
+		// transfer must neither forge them nor carry them into the guest.
+		for _, fd := range []int{1, 2} {
+			if err := j.ProtectFD(fd); err != nil {
+				s.log.Warn("cannot protect an output of nether from transfers", "fd", fd, "err", err)
+			}
+		}
 		if filepath.Dir(s.cfg.ControlSocket) == filepath.Clean(s.cfg.Dir) {
 			j.Protect(filepath.Base(s.cfg.ControlSocket))
 		}

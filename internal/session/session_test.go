@@ -296,7 +296,10 @@ func snapshotBase(t *testing.T, eng *fake.Engine, name string) (path, id string)
 	sb := start(t, eng, "", "")
 	c := sb.dial()
 	id = infoOf(t, c)["sandbox_id"]
-	mustRun(t, c, "__put__ nether.conf /etc/base-marker")
+	if err := os.WriteFile(filepath.Join(sb.dir, "marker"), []byte("base\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, c, "__put__ marker /etc/base-marker")
 	out := mustRun(t, c, "__snapshot__ "+name)
 	if !strings.HasPrefix(out, "OK snapshot "+name+" kind=base") {
 		t.Fatalf("snapshot reply %q", out)

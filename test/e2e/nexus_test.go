@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nethersandbox/nether/client"
 )
 
 // nx is one nexus state directory under test, driving bin/nexus (built
@@ -171,6 +174,7 @@ func TestNexusLifecycle(t *testing.T) {
 	if _, _, code := x.run("exec", "life", "--", "exit 7"); code != 7 {
 		t.Errorf("nexus exec of 'exit 7' exited %d", code)
 	}
+	nexusExecIsTheGuestsShell(t, x, "life")
 
 	// Pause and resume through two generations; the guest's state goes
 	// with it.
@@ -487,5 +491,55 @@ func TestNexusPool(t *testing.T) {
 	x.must("snapshot", "rm", "pwarm")
 	if left := x.list(); len(left) != 1 {
 		t.Errorf("after emptying the pool: %+v", left)
+	}
+}
+
+// nexusExecIsTheGuestsShell: the red team's probes of exec. A line nether
+// would read as its own verb is a usage error that never reaches nether
+// (the sandbox stays running, nothing is written, no record is forged),
+// and even nether's own control socket refuses to let a transfer read or
+// write the files nexus reads from the sandbox's directory.
+func nexusExecIsTheGuestsShell(t *testing.T, x *nx, ref string) {
+	t.Helper()
+	dir := filepath.Join(x.dir, "sandboxes", x.inspect(ref).ID)
+	outBefore, _ := os.ReadFile(filepath.Join(dir, "nether.out"))
+	for _, line := range []string{"__info__", "__shutdown__", "__park__ p", " __snapshot__ s1",
+		"__get__ /etc/hostname nether.out", "__put__ nether.log /tmp/log"} {
+		x.refused(2, []string{"exec", ref, "--", line}, "reserved control namespace")
+	}
+	if st := x.state(ref); st != "running" {
+		t.Fatalf("after refused control lines the sandbox is %s", st)
+	}
+	for _, p := range []string{"p", "s1"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); !os.IsNotExist(err) {
+			t.Errorf("a refused exec left %s in the sandbox's directory: %v", p, err)
+		}
+	}
+	// A program whose name begins with __ still runs, given its path.
+	if out := x.must("exec", ref, "--", "printf 'echo ran' > /tmp/__x && chmod +x /tmp/__x && cd /tmp && ./__x"); out != "ran\n" {
+		t.Errorf("a guest program named __x: %q", out)
+	}
+
+	// Straight to nether: its stdout and stderr are nexus's nether.out and
+	// nether.log, protected like nether.conf.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := client.Dial(ctx, filepath.Join(dir, "ctl.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for _, line := range []string{"__get__ /etc/hostname nether.out", "__get__ /etc/hostname nether.log",
+		"__put__ nether.out /tmp/out", "__put__ nether.log /tmp/log", "__put__ nether.conf /tmp/conf"} {
+		var out strings.Builder
+		exit, err := c.Run(ctx, line, &out)
+		if err == nil && exit == 0 {
+			t.Errorf("nether ran %q: %q", line, out.String())
+		} else if !strings.Contains(out.String()+fmt.Sprint(err), "nether's own") {
+			t.Errorf("%q refused with %q (%v), want it named nether's own file", line, out.String(), err)
+		}
+	}
+	if outAfter, _ := os.ReadFile(filepath.Join(dir, "nether.out")); !bytes.Equal(outBefore, outAfter) {
+		t.Errorf("nether.out changed: %q -> %q", outBefore, outAfter)
 	}
 }
