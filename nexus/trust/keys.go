@@ -251,6 +251,9 @@ type Verified struct {
 // over exactly the plan's fields; the plan's own fields; and its
 // validity window at now. Every refusal says why.
 func Verify(b []byte, trusted []Authority, now time.Time) (*Verified, error) {
+	if err := checkDuplicateKeys(b); err != nil {
+		return nil, fmt.Errorf("not a signed plan: %w", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	var s Signed
@@ -261,12 +264,14 @@ func Verify(b []byte, trusted []Authority, now time.Time) (*Verified, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw, err := base64.StdEncoding.DecodeString(s.PublicKey)
+	// Strict: one key and one signature have one spelling each, so a
+	// signed plan cannot be respelled into another file that verifies.
+	raw, err := decodeExactly(base64.StdEncoding, s.PublicKey)
 	if err != nil || len(raw) != ed25519.PublicKeySize {
 		return nil, errors.New("bad signature: public_key is not an ed25519 key")
 	}
 	pub := ed25519.PublicKey(raw)
-	sig, err := base64.StdEncoding.DecodeString(s.Signature)
+	sig, err := decodeExactly(base64.StdEncoding, s.Signature)
 	if err != nil || !ed25519.Verify(pub, p.Canonical(), sig) {
 		return nil, errors.New("bad signature: the plan was not signed by the key it names, or was changed after signing")
 	}

@@ -175,9 +175,13 @@ func (p *Plan) Digest() string {
 	return hex.EncodeToString(h[:])
 }
 
-// DecodePlan reads a plan, refusing fields it does not know: a field the
-// signer did not mean cannot ride along unsigned.
+// DecodePlan reads a plan, refusing fields it does not know (a field the
+// signer did not mean cannot ride along unsigned) and keys named twice
+// (which readers would resolve differently).
 func DecodePlan(b []byte) (*Plan, error) {
+	if err := checkDuplicateKeys(b); err != nil {
+		return nil, fmt.Errorf("reading the plan: %w", err)
+	}
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	p := new(Plan)

@@ -44,7 +44,11 @@ type Token struct {
 	ExpiresAt  time.Time `json:"exp"`
 }
 
-var b64 = base64.RawURLEncoding
+// b64 is strict: bits past the last whole byte must be zero, so each
+// token has exactly one spelling. A lax decoder would verify a signature
+// whose last character differs only in those bits: two strings, one
+// token, and two entries in anything keyed by the token's text.
+var b64 = base64.RawURLEncoding.Strict()
 
 // SignToken signs t with priv (nexus's admission key).
 func SignToken(t Token, priv ed25519.PrivateKey) (string, error) {
@@ -63,6 +67,19 @@ func SignToken(t Token, priv ed25519.PrivateKey) (string, error) {
 	return signed + "." + b64.EncodeToString(ed25519.Sign(priv, []byte(signed))), nil
 }
 
+// decodeExactly decodes s, refusing any spelling but the one enc writes
+// for those bytes: a strict decoder still skips line breaks inside s.
+func decodeExactly(enc *base64.Encoding, s string) ([]byte, error) {
+	b, err := enc.DecodeString(s)
+	if err != nil {
+		return nil, err
+	}
+	if enc.EncodeToString(b) != s {
+		return nil, errors.New("not in canonical form")
+	}
+	return b, nil
+}
+
 // VerifyToken checks token's signature by pub and that now is inside its
 // window, and returns what it states.
 func VerifyToken(token string, pub ed25519.PublicKey, now time.Time) (*Token, error) {
@@ -70,11 +87,11 @@ func VerifyToken(token string, pub ed25519.PublicKey, now time.Time) (*Token, er
 	if len(parts) != 3 || parts[0] != TokenPrefix {
 		return nil, fmt.Errorf("not an identity token (want %s.<payload>.<signature>)", TokenPrefix)
 	}
-	payload, err := b64.DecodeString(parts[1])
+	payload, err := decodeExactly(b64, parts[1])
 	if err != nil {
 		return nil, fmt.Errorf("identity token: the payload is not base64url: %w", err)
 	}
-	sig, err := b64.DecodeString(parts[2])
+	sig, err := decodeExactly(b64, parts[2])
 	if err != nil || len(sig) != ed25519.SignatureSize {
 		return nil, errors.New("identity token: the signature is malformed")
 	}

@@ -227,3 +227,145 @@ func TestIdentityToken(t *testing.T) {
 		})
 	}
 }
+
+// flipUnusedBits respells the last character of a base64 text whose
+// final group has bits past the last whole byte: the same bytes to a lax
+// decoder, another string.
+func flipUnusedBits(t *testing.T, s string) string {
+	t.Helper()
+	const alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+	trim := strings.TrimRight(s, "=")
+	last := strings.IndexByte(alphabet, trim[len(trim)-1])
+	if last < 0 {
+		last = strings.IndexByte("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/", trim[len(trim)-1])
+	}
+	std := strings.ContainsAny(s, "+/=")
+	abc := alphabet
+	if std {
+		abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+	}
+	respelled := trim[:len(trim)-1] + string(abc[last^1]) + s[len(trim):]
+	if respelled == s {
+		t.Fatal("nothing to flip")
+	}
+	return respelled
+}
+
+// TestOneSpellingPerSignature: a token or a signed plan whose signature
+// is respelled (unused bits, an inserted line break) is refused, though
+// a lax decoder reads the same bytes.
+func TestOneSpellingPerSignature(t *testing.T) {
+	pub, priv, _ := ed25519.GenerateKey(rand.Reader)
+	now := time.Date(2026, 12, 2, 7, 0, 0, 0, time.UTC)
+	tok, err := SignToken(Token{NodeID: "N", VMID: "V", BootID: "B", IssuedAt: now, ExpiresAt: now.Add(TokenLifetime)}, priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(tok, ".")
+	// 64 bytes of signature are 86 characters, the last carrying 4 unused bits.
+	for name, forged := range map[string]string{
+		"unused bits":           parts[0] + "." + parts[1] + "." + flipUnusedBits(t, parts[2]),
+		"a line break in it":    parts[0] + "." + parts[1] + "." + parts[2][:40] + "\n" + parts[2][40:],
+		"a line break, payload": parts[0] + "." + parts[1][:10] + "\r\n" + parts[1][10:] + "." + parts[2],
+	} {
+		t.Run("token/"+name, func(t *testing.T) {
+			if forged == tok {
+				t.Fatal("the forgery is the token")
+			}
+			if _, err := VerifyToken(forged, pub, now); err == nil {
+				t.Fatalf("VerifyToken accepted %q, a respelling of %q", forged, tok)
+			}
+		})
+	}
+
+	_, kpriv, trusted := keyring(t)
+	signed, err := Sign(NewPlan(t0), kpriv, "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Signed
+	json.Unmarshal(signed, &s)
+	for name, edit := range map[string]func(s *Signed){
+		"unused bits":   func(s *Signed) { s.Signature = flipUnusedBits(t, s.Signature) },
+		"a line break":  func(s *Signed) { s.Signature = s.Signature[:20] + "\n" + s.Signature[20:] },
+		"key respelled": func(s *Signed) { s.PublicKey = flipUnusedBits(t, s.PublicKey) },
+	} {
+		t.Run("plan/"+name, func(t *testing.T) {
+			c := s
+			edit(&c)
+			b, _ := json.Marshal(c)
+			if _, err := Verify(b, trusted, t0); err == nil || !strings.Contains(err.Error(), "bad signature") {
+				t.Fatalf("Verify of a respelled signature: %v, want bad signature", err)
+			}
+		})
+	}
+}
+
+// TestDuplicateKeysRefused: a plan, or the signed file around it, that
+// names a key twice (or twice in different case) is refused, so no
+// reader can see another plan than nexus does. The signature is made
+// over the plan Go's decoder would read, so only this check stops it.
+func TestDuplicateKeysRefused(t *testing.T) {
+	_, priv, trusted := keyring(t)
+	p := NewPlan(t0)
+	p.Limits.RAMMB = 8192
+	signed, err := Sign(p, priv, "ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Signed
+	json.Unmarshal(signed, &s)
+	var compact bytes.Buffer
+	json.Compact(&compact, s.Plan)
+	plan := compact.String()
+	if !strings.Contains(plan, `"ram_mb":8192`) {
+		t.Fatalf("the canonical plan is %s", plan)
+	}
+	wrap := func(plan string) []byte {
+		return []byte(`{"plan":` + plan + `,"authority":"ops","public_key":"` + s.PublicKey + `","signature":"` + s.Signature + `"}`)
+	}
+	// Sanity: the file as built verifies.
+	if _, err := Verify(wrap(plan), trusted, t0); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"a nested key twice", wrap(strings.Replace(plan, `"ram_mb":8192`, `"ram_mb":512,"ram_mb":8192`, 1)), `"plan.limits.ram_mb" appears twice`},
+		{"a nested key in two cases", wrap(strings.Replace(plan, `"ram_mb":8192`, `"RAM_MB":512,"ram_mb":8192`, 1)), "differ only in case"},
+		{"a top-level key twice", wrap(strings.Replace(plan, `"limits":`, `"limits":{"ram_mb":512},"limits":`, 1)), `"plan.limits" appears twice`},
+		{"the signature twice", bytes.Replace(wrap(plan), []byte(`"signature":`), []byte(`"signature":"AAAA","signature":`), 1), `"signature" appears twice`},
+		{"the plan twice", bytes.Replace(wrap(plan), []byte(`"plan":`), []byte(`"plan":{},"plan":`), 1), `"plan" appears twice`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Verify(tc.b, trusted, t0)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Verify: %v, want %q", err, tc.want)
+			}
+		})
+	}
+	if _, err := DecodePlan([]byte(`{"version":1,"version":1}`)); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Fatalf("DecodePlan of a key twice: %v", err)
+	}
+}
+
+// FuzzVerify: whatever the bytes, Verify and VerifyToken return without
+// panicking, and a document with a key named twice never verifies.
+func FuzzVerify(f *testing.F) {
+	for _, s := range []string{`{}`, `{"plan":{},"plan":{}}`, `{"plan":{"limits":{"ram_mb":1,"RAM_MB":2}}}`,
+		`[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]`, `{"a":`, `nxid1.e30.AAAA`} {
+		f.Add([]byte(s))
+	}
+	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		Verify(b, []Authority{{Name: "x", Key: pub}}, t0)
+		VerifyToken(string(b), pub, t0)
+		if err := checkDuplicateKeys(b); err == nil {
+			if !json.Valid(b) {
+				t.Fatalf("checkDuplicateKeys accepted %q, which is not JSON", b)
+			}
+		}
+	})
+}
