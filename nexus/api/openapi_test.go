@@ -113,7 +113,7 @@ func TestOpenAPIRefsResolve(t *testing.T) {
 // enum lists them all.
 func TestOpenAPIKinds(t *testing.T) {
 	kinds := []string{nexus.KindIllegal, nexus.KindBusy, nexus.KindNameTaken, kindInUse, nexus.KindNotFound,
-		nexus.KindBadInput, kindForbidden, kindMethod, nexus.KindInternal}
+		nexus.KindBadInput, kindForbidden, nexus.KindRefused, nexus.KindTooLarge, kindMethod, nexus.KindInternal}
 	enum := regexp.MustCompile(`(?m)^\s+enum: \[(illegal_transition[^\]]*)\]`).FindStringSubmatch(string(OpenAPI))
 	if enum == nil {
 		t.Fatal("openapi.yaml: the Error schema's kind enum is not found")

@@ -259,6 +259,22 @@ func TestNexusAPI(t *testing.T) {
 	if resp.StatusCode != 200 || !bytes.Equal(got, blob) {
 		t.Fatalf("GET files: %d, %d bytes back of %d", resp.StatusCode, len(got), len(blob))
 	}
+	// What the guest cannot give is the caller's mistake, told apart
+	// (the red team's probes: each was a 500).
+	a.exec("base", "mkfifo /tmp/fifo")
+	for _, tc := range []struct {
+		path, kind string
+		status     int
+	}{
+		{"/tmp/no-such-file", "not_found", 404},
+		{"/etc", "bad_request", 400},
+		{"/dev/zero", "bad_request", 400},
+		{"/tmp/fifo", "bad_request", 400},
+		{"/tmp/a%20b", "bad_request", 400},
+		{"/tmp/a%09b", "bad_request", 400},
+	} {
+		a.refused(tc.status, tc.kind, "GET", "/v1/sandboxes/base/files?path="+tc.path, "")
+	}
 	if resp, logs := a.raw("GET", "/v1/sandboxes/base/logs", ""); resp.StatusCode != 200 || len(logs) == 0 {
 		t.Fatalf("GET logs: %d, %d bytes", resp.StatusCode, len(logs))
 	}
