@@ -23,6 +23,11 @@ const (
 // provision serves OpProvision: a booted guest's identity and secrets,
 // before the host lets any command run.
 func (a *agent) provision(s *channel.Stream, req agentproto.Request) {
+	// A boot's clock came from the RTC, whole seconds only.
+	if err := setWallClock(req.RealtimeNS); err != nil {
+		s.Reset("provision: " + err.Error())
+		return
+	}
 	if err := a.provisionFiles(req.Identity, req.Secrets, false); err != nil {
 		s.Reset("provision: " + err.Error())
 		return

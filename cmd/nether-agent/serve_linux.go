@@ -122,6 +122,8 @@ func (a *agent) serve(s *channel.Stream) {
 		a.reseed(s, req)
 	case agentproto.OpProvision:
 		a.provision(s, req)
+	case agentproto.OpClock:
+		a.clock(s, req)
 	case agentproto.OpConnect:
 		a.connect(s, req)
 	case agentproto.OpListen:
@@ -193,6 +195,12 @@ func (a *agent) exec(s *channel.Stream, command string) {
 // kernel has already reseeded its CRNG from the new vmgenid generation.
 func (a *agent) restored(s *channel.Stream, req agentproto.Request) {
 	var errs []string
+	// The clock first: the guest's shows its capture's moment, and
+	// whatever the handshake writes (identity, secrets) should carry
+	// today's times.
+	if err := setWallClock(req.RealtimeNS); err != nil {
+		errs = append(errs, err.Error())
+	}
 	// The policy first: a handshake that would widen it is refused
 	// before the guest changes in any other way.
 	before := a.policy.get()

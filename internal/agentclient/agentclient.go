@@ -154,7 +154,7 @@ func (c *Client) SetProvision(req agentproto.Request) { c.provisionReq = &req }
 func (c *Client) provision(ctx context.Context, req agentproto.Request) error {
 	ctx, cancel := context.WithTimeout(ctx, c.StallTimeout)
 	defer cancel()
-	req.Op = agentproto.OpProvision
+	req.Op, req.RealtimeNS = agentproto.OpProvision, now().UnixNano()
 	return c.ask(ctx, req, "handing the guest its identity and secrets", "ok 0 "+agentproto.Provisioned)
 }
 
@@ -283,7 +283,9 @@ func (c *Client) Get(ctx context.Context, guestPath string, w io.Writer, max int
 // is refused when req carries secrets and left to the caller otherwise.
 func (c *Client) Handshake(ctx context.Context, req agentproto.Request) (provisioned bool, err error) {
 	epoch := newEpoch()
-	req.Op, req.Epoch = agentproto.OpRestored, epoch
+	// The host's clock as late as possible: the guest's wall clock is set
+	// from it, and a restored guest's shows its capture's moment until it is.
+	req.Op, req.Epoch, req.RealtimeNS = agentproto.OpRestored, epoch, now().UnixNano()
 	st, err := c.mux.Open(req.Encode())
 	if err != nil {
 		return false, err

@@ -111,6 +111,10 @@ const (
 	// writes /run/nether/identity and /run/secrets/NAME and answers
 	// "ok 0 provisioned". A restore carries the same in OpRestored.
 	OpProvision = "provision"
+	// OpClock (host -> agent) sets the guest's wall clock to RealtimeNS
+	// and answers "ok 0": nether's periodic correction of a guest whose
+	// clock has drifted. An agent that predates it refuses it by name.
+	OpClock = "clock"
 )
 
 // The bounds of a reseed's Seed: at least a CRNG key's worth of
@@ -168,6 +172,14 @@ type Request struct {
 	// Identity (provision, restored) is this boot's identity, written
 	// to /run/nether/identity; nil leaves the file as it is.
 	Identity *Identity `json:"identity,omitempty"`
+	// RealtimeNS (provision, restored, clock) is the host's wall clock
+	// (CLOCK_REALTIME, ns since the Unix epoch) when the request was
+	// sent. The agent sets the guest's wall clock to it before it does
+	// anything else: a restored guest's clock otherwise shows the moment
+	// of its capture, and a booted one the RTC's whole second. An older
+	// agent drops the field and keeps its clock, which is wrong as before
+	// but misreads nothing, so this needs no version bump.
+	RealtimeNS int64 `json:"realtime_ns,omitempty"`
 	// Secrets (provision, restored) replace /run/secrets. A fork's
 	// handshake always empties /run/secrets first: a child never keeps
 	// its parent's secrets, only those its own admission supplied.
@@ -187,7 +199,7 @@ func Decode(b []byte) (Request, error) {
 		return r, fmt.Errorf("decoding agent request: %w", err)
 	}
 	switch r.Op {
-	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen, OpReseed, OpProvision:
+	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen, OpReseed, OpProvision, OpClock:
 		if r.Identity != nil {
 			if err := r.Identity.Check(); err != nil {
 				return r, err

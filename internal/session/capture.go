@@ -184,6 +184,7 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 				s.log.Error("resuming after a capture failed", "err", err)
 			}
 			s.comps.thaw()
+			s.syncClock(rctx)
 		}
 	}
 	fail := func(err error) (captureResult, error) {
@@ -276,3 +277,17 @@ func waitGate(ctx context.Context, wait time.Duration, gate func() error) error 
 }
 
 var _ engine.Sink = (*snapshot.Writer)(nil)
+
+// syncClock sets the guest's wall clock to the host's after a pause: the
+// guest's clocks stand still while it is paused (QEMU stops its time
+// source), so a sandbox that keeps running after a capture would fall
+// behind by each pause, 20-60 ms a snapshot. A restore, a wake and a
+// claim set the clock in their handshake instead. A guest whose agent
+// predates OpClock keeps its clock, as before; that is logged, not fatal.
+func (s *Session) syncClock(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := s.agent.SetClock(ctx); err != nil {
+		s.log.Warn("the guest's wall clock could not be corrected after the pause", "err", err)
+	}
+}

@@ -1016,8 +1016,8 @@ func TestEntropy(t *testing.T) {
 
 // TestGuestTime: park a guest with a timer pending, keep it parked for a
 // while, wake it: the timer fires on guest time (the park does not count),
-// the monotonic clock is continuous, and the wall clock is behind until
-// hwclock -s.
+// the monotonic clock is continuous, and the wall clock is the host's at
+// the first command (the wake's handshake sets it).
 func TestGuestTime(t *testing.T) {
 	sb := forkOf(t, sharedBase(t)) // no park_dirty: a background job holds no stream
 	c := sb.dial()
@@ -1031,10 +1031,11 @@ func TestGuestTime(t *testing.T) {
 	if err != nil {
 		t.Fatalf("uptime %q", body)
 	}
-	// A fork's wall clock already lags by however long ago its base was
-	// captured: measure the park's effect relative to that.
+	// The fork's wall clock was set at its restore: it is the host's.
 	wall0, _ := strconv.ParseInt(f[2], 10, 64)
-	lag0 := time.Now().Unix() - wall0
+	if lag0 := time.Now().Unix() - wall0; lag0 > 1 || lag0 < -1 {
+		t.Errorf("before the park the fork's wall clock is %d s behind the host's, want within 1 s", lag0)
+	}
 	time.Sleep(time.Second)
 	if body, exit := run(t, c, "__park__ p"); exit != 0 {
 		t.Fatalf("__park__ with only a background job running: %q exit %d (it holds no channel stream)", body, exit)
@@ -1049,9 +1050,8 @@ func TestGuestTime(t *testing.T) {
 	woke := time.Now()
 	guestWall, _ := strconv.ParseInt(strings.TrimSpace(body), 10, 64)
 	parkedFor := woke.Sub(parked)
-	lag := woke.Unix() - guestWall - lag0
-	t.Logf("parked for %s; right after wake the guest wall clock lags the host by %d s more than before the park (%d s before)",
-		parkedFor.Round(time.Millisecond), lag, lag0)
+	lag := woke.Unix() - guestWall
+	t.Logf("parked for %s; right after the wake the guest's wall clock is %d s behind the host's", parkedFor.Round(time.Millisecond), lag)
 
 	var fired string
 	deadline := time.Now().Add(15 * time.Second)
@@ -1087,21 +1087,10 @@ func TestGuestTime(t *testing.T) {
 	if d := u1 - u0; d < 4.8 || d > 6.0 {
 		t.Errorf("guest uptime advanced %.2f s across a 5 s sleep spanning the park, want 4.8-6.0 (the monotonic clock jumped)", d)
 	}
-	if lag < 3 {
-		t.Errorf("right after the wake the guest wall clock lags the host by %d s more than before the park; want >= 3 (frozen at park)", lag)
-	} else if float64(lag) > parkedFor.Seconds()+2 {
-		t.Errorf("the guest wall clock fell %d s further behind over a %s park", lag, parkedFor.Round(time.Millisecond))
-	}
-	out, exit := run(t, wc, "hwclock -s 2>&1; date +%s")
-	fields := strings.Fields(out)
-	gw := int64(0)
-	if len(fields) > 0 {
-		gw, _ = strconv.ParseInt(fields[len(fields)-1], 10, 64)
-	}
-	skew := time.Now().Unix() - gw
-	t.Logf("after hwclock -s: %q exit %d, guest wall clock - host = %d s", strings.TrimSpace(out), exit, -skew)
-	if exit != 0 || skew > 2 || skew < -2 {
-		t.Errorf("after hwclock -s the guest wall clock is %d s off the host's (output %q exit %d), want within 2 s", -skew, out, exit)
+	// date prints whole seconds: within 1 s of the host either way, not
+	// frozen at the park as it was before the wake set it.
+	if lag > 1 || lag < -1 {
+		t.Errorf("right after the wake the guest's wall clock is %d s behind the host's, want within 1 s (the park lasted %s)", lag, parkedFor.Round(time.Millisecond))
 	}
 	shutdown(t, w, wc)
 	w.checkNoLeftovers()

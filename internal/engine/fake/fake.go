@@ -229,6 +229,9 @@ type Machine struct {
 	// seeds are the seeds of the reseed requests the agent served, in
 	// order.
 	seeds [][]byte
+	// clocks are the wall clock settings the agent took (a provision's,
+	// a handshake's, OpClock's), in order, as the host stamped them.
+	clocks []time.Time
 	// identity and secrets are what the last provision or handshake
 	// handed the agent (/run/nether/identity, /run/secrets).
 	identity agentproto.Identity
@@ -397,6 +400,20 @@ func (m *Machine) fault() Faults {
 // Reseeds returns the seeds of the reseed requests the agent served, in
 // order: the real agent mixes each into the kernel's entropy pool and
 // reseeds the CRNG from it.
+// Clocks returns the wall clock settings the agent took, in order.
+func (m *Machine) Clocks() []time.Time {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return append([]time.Time(nil), m.clocks...)
+}
+
+// setClockLocked records what the agent would set the wall clock to.
+func (m *Machine) setClockLocked(ns int64) {
+	if ns != 0 {
+		m.clocks = append(m.clocks, time.Unix(0, ns))
+	}
+}
+
 func (m *Machine) Reseeds() [][]byte {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -720,6 +737,9 @@ func (m *Machine) serve(st *channel.Stream) {
 		// hostname and machine-id) and the epoch.
 		old := m.fault().OldAgent
 		m.mu.Lock()
+		if !old {
+			m.setClockLocked(req.RealtimeNS)
+		}
 		m.epoch = req.Epoch
 		if req.Hostname != "" {
 			m.hostname = req.Hostname
@@ -736,6 +756,7 @@ func (m *Machine) serve(st *channel.Stream) {
 		st.CloseWrite([]byte(status))
 	case agentproto.OpProvision:
 		m.mu.Lock()
+		m.setClockLocked(req.RealtimeNS)
 		m.provision(req, false)
 		m.mu.Unlock()
 		st.CloseWrite([]byte("ok 0 " + agentproto.Provisioned))
@@ -752,6 +773,15 @@ func (m *Machine) serve(st *channel.Stream) {
 		m.seeds = append(m.seeds, []byte(req.Seed))
 		m.mu.Unlock()
 		st.CloseWrite([]byte("ok"))
+	case agentproto.OpClock:
+		if m.fault().OldAgent || req.RealtimeNS == 0 {
+			st.Reset(fmt.Sprintf("unknown agent operation %q", req.Op))
+			return
+		}
+		m.mu.Lock()
+		m.setClockLocked(req.RealtimeNS)
+		m.mu.Unlock()
+		st.CloseWrite([]byte("ok 0"))
 	case agentproto.OpPoweroff:
 		st.CloseWrite([]byte("ok 0"))
 		m.end(nil)
