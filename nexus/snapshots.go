@@ -89,16 +89,6 @@ func (n *Nexus) snapshotCreate(ctx context.Context, ref, name string, clean bool
 	if err != nil {
 		return nil, err
 	}
-	if sb.State == lifecycle.Stopped {
-		// nether captures a disk only with the memory of the guest that
-		// runs on it: a fork of the disk alone would boot cold anyway.
-		hint := ""
-		if sb.Config.HasDisk() {
-			hint = " (its disk is kept: the start boots on it)"
-		}
-		err := fmt.Errorf("sandbox %s is stopped: a snapshot is captured from a running guest, its memory and its disk at the same instant, and a stopped sandbox has no memory to capture; start it%s and snapshot it running", sb.Ref(), hint)
-		return nil, n.finish(sb, "", err)
-	}
 	if clean {
 		if err := n.checkClean(ctx, sb); err != nil {
 			n.audit(evSnapshot, sb, "", err)

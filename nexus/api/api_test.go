@@ -240,7 +240,7 @@ func TestIllegalTransitions(t *testing.T) {
 	e.wantErr(404, "not_found", "GET", "/v1/sandboxes/box/logs", "", "never ran")
 	// A running sandbox may not be removed without force.
 	e.fakeGuest("live")
-	e.wantErr(409, "illegal_transition", "DELETE", "/v1/sandboxes/live", "", "running", "rm --force")
+	e.wantErr(409, "illegal_transition", "DELETE", "/v1/sandboxes/live", "", "running", "stop it first, or remove it with force")
 	e.wantErr(409, "illegal_transition", "POST", "/v1/sandboxes/live/start", "", "running")
 }
 

@@ -7,6 +7,7 @@ package lifecycle
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // State is where a sandbox is.
@@ -44,7 +45,9 @@ const (
 var table = map[State]map[Verb]State{
 	Created: {Start: Running, Remove: Removed, RemoveF: Removed, Fail: Error},
 	Running: {Stop: Stopped, Pause: Paused, Snapshot: Running, RemoveF: Removed, Fail: Error},
-	Stopped: {Start: Running, Snapshot: Stopped, Remove: Removed, RemoveF: Removed, Fail: Error},
+	// No snapshot of a stopped sandbox: a capture takes the memory of a
+	// running guest with its disk, and a stopped one has no memory.
+	Stopped: {Start: Running, Remove: Removed, RemoveF: Removed, Fail: Error},
 	Paused:  {Resume: Running, Remove: Removed, RemoveF: Removed, Fail: Error},
 	Error:   {Remove: Removed, RemoveF: Removed, Fail: Error},
 }
@@ -56,16 +59,25 @@ type IllegalTransitionError struct {
 	Verb    Verb
 }
 
+// Error says what was refused and what the sandbox allows instead, in
+// words that hold for the CLI and the HTTP API alike.
 func (e *IllegalTransitionError) Error() string {
 	msg := fmt.Sprintf("sandbox %s is %s: %s is not allowed", e.Sandbox, e.State, e.Verb)
 	switch {
 	case e.Verb == Fork:
-		return msg + " as a transition (a fork leaves its parent as it is; use nexus fork)"
+		// Asked of the table only for a sandbox that is not running.
+		return fmt.Sprintf("sandbox %s is %s: a fork is made from a running sandbox (snapshotted first) or from a snapshot; start it, or fork one of its snapshots", e.Sandbox, e.State)
+	case e.Verb == Snapshot && e.State == Stopped:
+		return msg + ": a snapshot captures a running guest's memory with its disk, and a stopped sandbox has no memory to capture; start it (its disk, if any, is kept) and snapshot it running"
 	case e.Verb == Remove && e.State == Running:
-		return msg + " while it runs (stop it first, or rm --force)"
+		return msg + " while it runs: stop it first, or remove it with force"
 	}
 	if allowed := Allowed(e.State); len(allowed) > 0 {
-		return fmt.Sprintf("%s (from %s: %v)", msg, e.State, allowed)
+		names := make([]string, len(allowed))
+		for i, v := range allowed {
+			names[i] = string(v)
+		}
+		return fmt.Sprintf("%s; a %s sandbox allows: %s", msg, e.State, strings.Join(names, ", "))
 	}
 	return msg
 }

@@ -11,7 +11,7 @@ func TestTable(t *testing.T) {
 	legal := map[State]map[Verb]State{
 		Created: {Start: Running, Remove: Removed, RemoveF: Removed},
 		Running: {Stop: Stopped, Pause: Paused, Snapshot: Running, RemoveF: Removed},
-		Stopped: {Start: Running, Snapshot: Stopped, Remove: Removed, RemoveF: Removed},
+		Stopped: {Start: Running, Remove: Removed, RemoveF: Removed},
 		Paused:  {Resume: Running, Remove: Removed, RemoveF: Removed},
 		Error:   {Remove: Removed, RemoveF: Removed},
 	}
@@ -46,13 +46,45 @@ func TestFailFromAnywhere(t *testing.T) {
 	}
 }
 
+// TestMessages: each refusal says what the sandbox allows, only what it
+// allows, and in words that are not one surface's (no CLI flags).
 func TestMessages(t *testing.T) {
-	_, err := Next("web", Running, Remove)
-	if !strings.Contains(err.Error(), "rm --force") {
-		t.Errorf("rm of a running sandbox: %v", err)
+	for _, tc := range []struct {
+		state State
+		verb  Verb
+		want  []string
+		not   []string
+	}{
+		{Running, Remove, []string{"stop it first, or remove it with force"}, []string{"--force"}},
+		{Stopped, Fork, []string{"a fork is made from a running sandbox", "start it, or fork one of its snapshots"}, []string{"transition", "nexus fork"}},
+		{Created, Fork, []string{"sandbox web is created", "a fork is made from a running sandbox"}, nil},
+		{Stopped, Snapshot, []string{"no memory to capture", "start it"}, nil},
+		{Stopped, Verb("exec"), []string{"exec is not allowed", "a stopped sandbox allows: rm, rm --force, start"}, []string{"snapshot"}},
+		{Paused, Stop, []string{"a paused sandbox allows: resume, rm, rm --force"}, nil},
+	} {
+		t.Run(string(tc.state)+"/"+string(tc.verb), func(t *testing.T) {
+			_, err := Next("web", tc.state, tc.verb)
+			if err == nil {
+				t.Fatal("allowed")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%q lacks %q", err, w)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(err.Error(), w) {
+					t.Errorf("%q says %q", err, w)
+				}
+			}
+		})
 	}
-	_, err = Next("web", Running, Fork)
-	if !strings.Contains(err.Error(), "use nexus fork") {
-		t.Errorf("fork as a transition: %v", err)
+	// Every verb a refusal lists is one the table allows.
+	for _, st := range States() {
+		for _, v := range Allowed(st) {
+			if _, err := Next("x", st, v); err != nil {
+				t.Errorf("%s lists %s as allowed, but the table refuses it: %v", st, v, err)
+			}
+		}
 	}
 }

@@ -191,7 +191,7 @@ func TestNexusLifecycle(t *testing.T) {
 
 	x.must("stop", "life")
 	illegal("stopped", "stop", "pause", "resume")
-	x.refused(1, []string{"snapshot", "create", "life"}, "is stopped", "a stopped sandbox has no memory to capture")
+	x.refused(3, []string{"snapshot", "create", "life"}, "is stopped", "a stopped sandbox has no memory to capture")
 	x.must("start", "life") // stopped -> running boots again
 	x.must("rm", "--force", "life")
 	if _, _, code := x.run("inspect", "life"); code != 4 {
