@@ -386,10 +386,10 @@ func (n *Nexus) control(ctx context.Context, sb *Sandbox, line string) (string, 
 	var out strings.Builder
 	exit, err := c.Run(ctx, line, &out)
 	if err != nil {
-		return "", fmt.Errorf("sandbox %s: %s: %w", sb.Ref(), strings.Fields(line)[0], err)
+		return "", busyError(fmt.Errorf("sandbox %s: %s: %w", sb.Ref(), strings.Fields(line)[0], err))
 	}
 	if exit != 0 {
-		return "", fmt.Errorf("sandbox %s: %s: %s", sb.Ref(), strings.Fields(line)[0], strings.TrimSpace(out.String()))
+		return "", busyError(fmt.Errorf("sandbox %s: %s: %s", sb.Ref(), strings.Fields(line)[0], strings.TrimSpace(out.String())))
 	}
 	return strings.TrimSpace(out.String()), nil
 }
@@ -596,7 +596,11 @@ func (n *Nexus) Exec(ctx context.Context, ref, command string, out io.Writer) (i
 		return -1, err
 	}
 	defer c.Close()
-	return c.Shell(ctx, command, out)
+	code, err := c.Shell(ctx, command, out)
+	if err != nil {
+		err = busyError(fmt.Errorf("sandbox %s: exec: %w", sb.Ref(), err))
+	}
+	return code, err
 }
 
 // CopyIn copies the host file src into a running sandbox at guestPath.
@@ -639,6 +643,29 @@ func (n *Nexus) CopyOut(ctx context.Context, ref, guestPath, dst string) error {
 		return copyFile(src, dst)
 	}
 	return nil
+}
+
+// nether's refusals that mean "not now": the sandbox is doing something
+// else (another client's command, work in flight that a capture or a
+// claim must wait for, bytes a park would lose). Each is a conflict with
+// the sandbox's current state that a caller may retry, not nexus's fault.
+var busyReplies = []string{
+	"read-only observer",                // another client drives the sandbox (control's dispatch)
+	"guest not quiescent",               // a capture's gate (session/capture.go)
+	"undelivered bytes",                 // a park's drain gate
+	"a snapshot or park is in progress", // a claim during a capture
+	"a command or transfer is running",  // a claim's gate
+}
+
+// busyError marks err busy when nether refused for one of busyReplies.
+func busyError(err error) error {
+	msg := err.Error()
+	for _, r := range busyReplies {
+		if strings.Contains(msg, r) {
+			return fmt.Errorf("%w: %w", ErrBusy, err)
+		}
+	}
+	return err
 }
 
 // checkGuestPath refuses, as a bad request, a guest path nether's control

@@ -348,6 +348,10 @@ func TestExecStream(t *testing.T) {
 		}
 	}
 
+	// Another client drives the sandbox: a conflict to retry, not a fault.
+	e.wantErr(409, "busy", "POST", "/v1/sandboxes/fake/exec", `{"command": "observer"}`, "read-only observer")
+	e.wantErr(409, "busy", "POST", "/v1/snapshots", `{"sandbox": "fake", "name": "s"}`, "guest not quiescent")
+
 	// nether refuses the command before any output: an ordinary error.
 	e.wantErr(500, "internal", "POST", "/v1/sandboxes/fake/exec", `{"command": "refused"}`, "agent not connected")
 

@@ -199,6 +199,11 @@ func (g *fakeGuest) handle(line string, w io.Writer) bool {
 	case line == "refused":
 		// How nether answers when it cannot run a command at all.
 		w.Write(frame.Framed("ERR agent not connected (guest not ready)", -1))
+	case line == "observer":
+		// How nether answers a second client while another drives it.
+		w.Write(frame.Framed("ERR read-only observer: exec needs the primary client", -1))
+	case f[0] == "__snapshot__":
+		w.Write(frame.Framed("ERR snapshot: guest not quiescent: channel: 1 streams open (set snapshot_allow_dirty=1 to capture anyway)", -1))
 	case line == "cut":
 		// Output, then the connection drops before the trailer.
 		w.Write([]byte("partial\n"))
