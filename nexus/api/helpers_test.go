@@ -52,7 +52,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(NewHandler(n, nil))
+	srv := httptest.NewServer(recording(NewHandler(n, nil)))
 	t.Cleanup(srv.Close)
 	return &env{t: t, n: n, dir: n.StateDir(), srv: srv}
 }
