@@ -106,3 +106,16 @@ func TestConfText(t *testing.T) {
 		t.Errorf("a RAM size nether refuses: %v", err)
 	}
 }
+
+func TestCapBuffer(t *testing.T) {
+	var c capBuffer
+	chunk := strings.Repeat("x", 1<<20)
+	for range 20 {
+		if n, err := c.Write([]byte(chunk)); n != len(chunk) || err != nil {
+			t.Fatalf("Write: %d %v; it must take everything so the reply is read to its end", n, err)
+		}
+	}
+	if len(c.b) != MaxBufferedOutput || !c.truncated {
+		t.Fatalf("kept %d, truncated %v; want %d, true", len(c.b), c.truncated, MaxBufferedOutput)
+	}
+}

@@ -6,6 +6,7 @@ package main
 import (
 	"context"
 	"crypto/ed25519"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
@@ -65,7 +67,7 @@ func main() {
 
 func exitCode(err error) int {
 	var ue usageError
-	if errors.As(err, &ue) {
+	if errors.As(err, &ue) || isCobraUsage(err) {
 		return exitUsage
 	}
 	// The classification is nexus's, shared with the HTTP API.
@@ -88,6 +90,38 @@ func exitCode(err error) int {
 }
 
 type usageError struct{ error }
+
+// isCobraUsage says whether err is one of cobra's own usage errors, which
+// it makes as plain strings: an unknown command ("nexus snapshots").
+func isCobraUsage(err error) bool {
+	return strings.HasPrefix(err.Error(), "unknown command ")
+}
+
+// flagError rewords pflag's refusal of a flag's value, which quotes Go's
+// parser ('strconv.ParseInt: parsing "2x": invalid syntax'), into what
+// the flag wants; other flag errors pass as they are.
+func flagError(cmd *cobra.Command, err error) error {
+	var name, value string
+	if _, scanErr := fmt.Sscanf(err.Error(), "invalid argument %q for %q flag", &value, &name); scanErr != nil {
+		return usageError{err}
+	}
+	long := name
+	if i := strings.LastIndex(name, "--"); i >= 0 {
+		long = name[i+2:]
+	}
+	want := "a valid value"
+	if f := cmd.Flags().Lookup(long); f != nil {
+		switch f.Value.Type() {
+		case "int", "int64", "int32", "uint", "uint64":
+			want = "a whole number"
+		case "bool":
+			want = "true or false"
+		case "duration":
+			want = "a duration such as 30s or 5m"
+		}
+	}
+	return usageError{fmt.Errorf("%s %q: want %s", name, value, want)}
+}
 
 // open opens the state directory (reconciling it) for a command.
 func (a *app) open(cmd *cobra.Command) error {
@@ -174,7 +208,7 @@ exits with the guest command's status.`,
 			return a.open(cmd)
 		},
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.SetFlagErrorFunc(flagError)
 	root.PersistentFlags().StringVar(&a.stateDir, "state-dir", "", "state directory (default: NEXUS_STATE_DIR, /var/lib/nexus as root, else $XDG_DATA_HOME/nexus)")
 	root.PersistentFlags().BoolVar(&a.asJSON, "json", false, "print JSON for programs instead of tables")
 	root.PersistentFlags().StringVar(&a.planFile, "plan", "", "the signed plan (nexus plan sign) that admits this create, start, fork or resume; required once the state directory trusts a plan authority")
@@ -400,7 +434,18 @@ func (a *app) execCmd() *cobra.Command {
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			code, err := a.n.Exec(cmd.Context(), args[0], strings.Join(args[1:], " "), os.Stdout)
+			line := strings.Join(args[1:], " ")
+			if a.asJSON {
+				// The API's exec?format=json answer: the output whole,
+				// then the exit status, as one object.
+				r, err := a.n.ExecBuffered(cmd.Context(), args[0], line)
+				if err != nil {
+					return err
+				}
+				a.exit = r.Exit
+				return a.print(r, nil)
+			}
+			code, err := a.n.Exec(cmd.Context(), args[0], line, os.Stdout)
 			if err != nil {
 				return err
 			}
@@ -446,6 +491,18 @@ func (a *app) logsCmd() *cobra.Command {
 				return err
 			}
 			defer f.Close()
+			if a.asJSON {
+				// Bounded as console.log is (console_log_max_bytes).
+				b, err := io.ReadAll(f)
+				if err != nil {
+					return err
+				}
+				out := map[string]string{"log": string(b), "encoding": "utf-8"}
+				if !utf8.Valid(b) {
+					out["log"], out["encoding"] = base64.StdEncoding.EncodeToString(b), "base64"
+				}
+				return a.print(out, nil)
+			}
 			_, err = io.Copy(os.Stdout, f)
 			return err
 		},
@@ -532,8 +589,7 @@ func (a *app) keyCmd() *cobra.Command {
 			if err != nil {
 				return usageError{err}
 			}
-			fmt.Println(path)
-			return nil
+			return a.print(map[string]string{"name": args[0], "public_key_file": path}, func(w io.Writer) { fmt.Fprintln(w, path) })
 		},
 	})
 	return cmd
@@ -657,8 +713,10 @@ func (a *app) trustCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Print(trust.FormatPublic(priv.Public().(ed25519.PublicKey), "nexus-admission-"+a.n.NodeID()))
-			return nil
+			pub := priv.Public().(ed25519.PublicKey)
+			line := trust.FormatPublic(pub, "nexus-admission-"+a.n.NodeID())
+			return a.print(map[string]string{"public_key": strings.TrimSpace(line), "fingerprint": trust.Fingerprint(pub)},
+				func(w io.Writer) { fmt.Fprint(w, line) })
 		},
 	}, a.verifyTokenCmd())
 	return cmd

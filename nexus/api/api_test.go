@@ -377,7 +377,7 @@ func TestExecJSON(t *testing.T) {
 	e := newEnv(t)
 	g := e.fakeGuest("fake")
 	g.open()
-	var a execAnswer
+	var a nexus.ExecResult
 	e.want(200, "POST", "/v1/sandboxes/fake/exec?format=json", `{"command": "slow"}`, &a)
 	if a.Output != "one\ntwo\n" || a.Encoding != "utf-8" || a.Exit != 3 || a.Truncated {
 		t.Fatalf("%+v", a)
@@ -388,19 +388,6 @@ func TestExecJSON(t *testing.T) {
 		t.Fatalf("%+v (%q, %v)", a, raw, err)
 	}
 	e.wantErr(500, "internal", "POST", "/v1/sandboxes/fake/exec?format=json", `{"command": "refused"}`, "agent not connected")
-}
-
-func TestCapBuffer(t *testing.T) {
-	var c capBuffer
-	chunk := strings.Repeat("x", 1<<20)
-	for range 20 {
-		if n, err := c.Write([]byte(chunk)); n != len(chunk) || err != nil {
-			t.Fatalf("Write: %d %v; it must take everything so the reply is read to its end", n, err)
-		}
-	}
-	if len(c.b) != maxBuffered || !c.truncated {
-		t.Fatalf("kept %d, truncated %v; want %d, true", len(c.b), c.truncated, maxBuffered)
-	}
 }
 
 // TestFiles: a file goes into a running sandbox and comes back out

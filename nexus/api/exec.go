@@ -1,12 +1,10 @@
 package api
 
 import (
-	"encoding/base64"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
-	"unicode/utf8"
 )
 
 // The trailers of a streamed exec. The exit code can only be known after
@@ -21,25 +19,9 @@ const (
 	TrailerError = "Nexus-Error"
 )
 
-// maxBuffered bounds ?format=json's output, which is held in memory
-// until the command ends; a command that prints more is streamed.
-const maxBuffered = 16 << 20
-
 // execBody is POST /v1/sandboxes/{ref}/exec.
 type execBody struct {
 	Command string `json:"command"`
-}
-
-// execAnswer is ?format=json's answer.
-type execAnswer struct {
-	// Output is stdout and stderr as the command wrote them: the text
-	// when it is UTF-8 (Encoding "utf-8"), else its base64 ("base64").
-	Output   string `json:"output"`
-	Encoding string `json:"encoding"`
-	Exit     int    `json:"exit"`
-	// Truncated: the command printed more than maxBuffered bytes and
-	// Output holds the first maxBuffered.
-	Truncated bool `json:"truncated,omitempty"`
 }
 
 func (s *server) exec(w http.ResponseWriter, r *http.Request) error {
@@ -81,14 +63,9 @@ func (s *server) execStream(w http.ResponseWriter, r *http.Request, command stri
 }
 
 func (s *server) execJSON(w http.ResponseWriter, r *http.Request, command string) error {
-	var buf capBuffer
-	code, err := s.n.Exec(r.Context(), r.PathValue("ref"), command, &buf)
+	a, err := s.n.ExecBuffered(r.Context(), r.PathValue("ref"), command)
 	if err != nil {
 		return err
-	}
-	a := execAnswer{Output: string(buf.b), Encoding: "utf-8", Exit: code, Truncated: buf.truncated}
-	if !utf8.Valid(buf.b) {
-		a.Output, a.Encoding = base64.StdEncoding.EncodeToString(buf.b), "base64"
 	}
 	return writeJSON(w, http.StatusOK, a)
 }
@@ -125,24 +102,6 @@ func (o *streamWriter) Write(p []byte) (int, error) {
 		return n, fmt.Errorf("flushing exec output: %w", err)
 	}
 	return n, nil
-}
-
-// capBuffer keeps the first maxBuffered bytes written to it and takes
-// (and drops) the rest, so the command's reply is still read to its end.
-type capBuffer struct {
-	b         []byte
-	truncated bool
-}
-
-func (c *capBuffer) Write(p []byte) (int, error) {
-	room := maxBuffered - len(c.b)
-	if len(p) > room {
-		c.truncated = true
-		c.b = append(c.b, p[:max(room, 0)]...)
-		return len(p), nil
-	}
-	c.b = append(c.b, p...)
-	return len(p), nil
 }
 
 // oneLine makes an error message fit a header value.

@@ -515,6 +515,15 @@ func nexusExecIsTheGuestsShell(t *testing.T, x *nx, ref string) {
 			t.Errorf("a refused exec left %s in the sandbox's directory: %v", p, err)
 		}
 	}
+	// --json exec: the API's format=json answer, and the command's status.
+	out, _, code := x.run("--json", "exec", ref, "--", "echo hi; exit 3")
+	var r struct {
+		Output, Encoding string
+		Exit             int
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil || r.Output != "hi\n" || r.Encoding != "utf-8" || r.Exit != 3 || code != 3 {
+		t.Errorf("--json exec: %q (exit %d, %v), want output hi, exit 3", out, code, err)
+	}
 	// A program whose name begins with __ still runs, given its path.
 	if out := x.must("exec", ref, "--", "printf 'echo ran' > /tmp/__x && chmod +x /tmp/__x && cd /tmp && ./__x"); out != "ran\n" {
 		t.Errorf("a guest program named __x: %q", out)
