@@ -155,6 +155,7 @@ const (
 	sandboxesDir = "sandboxes"
 	snapshotsDir = "snapshots"
 	sockName     = "ctl.sock"
+	dataSockName = "data.sock" // the data plane's listener, with app_port
 	parkName     = "park"
 )
 

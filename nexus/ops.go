@@ -164,7 +164,10 @@ func (n *Nexus) confText(sb *Sandbox, restoreFrom string) string {
 		}
 	}
 	if c.AppPort > 0 {
+		// The data plane's host end: without a socket the port reaches
+		// nothing (nether splices each connection to it to the port).
 		line("app_port", c.AppPort)
+		line("data_socket", filepath.Join(n.sandboxDir(sb.ID), dataSockName))
 	}
 	if c.EgressPort > 0 {
 		line("egress_port", c.EgressPort)

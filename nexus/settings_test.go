@@ -120,6 +120,7 @@ func TestConfTextGuestSettings(t *testing.T) {
 	child := &Sandbox{ID: "01JCHILDCHILDCHILDCHILDCHI", Hostname: "kid", Config: parent.Config, Snapshot: "01JSNAP"}
 	child.Disk = filepath.Join(n.sandboxDir(child.ID), forkDiskName)
 	plain := &Sandbox{ID: "01JPLAINPLAINPLAINPLAINPLA", Hostname: "plain", Config: Config{RunAs: "root"}}
+	web := &Sandbox{ID: "01JWEBWEBWEBWEBWEBWEBWEBWE", Hostname: "web", Config: Config{AppPort: 8000}}
 	old := &Sandbox{ID: "01JOLDOLDOLDOLDOLDOLDOLDOL", Hostname: "old", Config: Config{DiskSizeMB: 16}} // no Disk recorded
 	for _, tc := range []struct {
 		name        string
@@ -136,7 +137,9 @@ func TestConfTextGuestSettings(t *testing.T) {
 			"rootfs": img, "run_as": "nether", "disk": "", "disk_size_mb": "", "restore": "1", "restore_from": snapDir}},
 		{"a fork booted after a stop: its own layer", child, "", map[string]string{
 			"disk": filepath.Join(n.sandboxDir(child.ID), "disk.qcow2"), "disk_size_mb": "32", "restore": ""}},
-		{"no disk", plain, "", map[string]string{"disk": "", "disk_size_mb": "", "run_as": "root", "rootfs": ""}},
+		{"no disk", plain, "", map[string]string{"disk": "", "disk_size_mb": "", "run_as": "root", "rootfs": "", "data_socket": ""}},
+		{"an app port: its data socket", web, "", map[string]string{"app_port": "8000", "data_socket": filepath.Join(n.sandboxDir(web.ID), "data.sock")}},
+		{"an app port, restored", web, snapDir, map[string]string{"app_port": "8000", "data_socket": filepath.Join(n.sandboxDir(web.ID), "data.sock")}},
 		{"a record without its disk path", old, "", map[string]string{"disk": filepath.Join(n.sandboxDir(old.ID), "disk.img"), "disk_size_mb": "16"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -65,7 +65,8 @@ func main() {
 		}
 		// Done as the script's are: each child answered `true`.
 		var wg sync.WaitGroup
-		for _, id := range strings.Fields(string(out)) {
+		kids := forkedIDs(out)
+		for _, id := range kids {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -74,7 +75,7 @@ func main() {
 		}
 		wg.Wait()
 		viaNexus = append(viaNexus, time.Since(t0))
-		for _, id := range strings.Fields(string(out)) {
+		for _, id := range kids {
 			check(nx.Remove(ctx, id, true))
 		}
 		d, err := bareForks(repo, snap.Dir, *n)
@@ -217,4 +218,16 @@ func fail(err error) {
 	fmt.Fprintln(os.Stderr, "bench/nexus:", err)
 	harness.StopAll()
 	os.Exit(1)
+}
+
+// forkedIDs are the ids nexus fork prints, the first field of each line
+// ("<id>  <name>").
+func forkedIDs(out []byte) []string {
+	var ids []string
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			ids = append(ids, f[0])
+		}
+	}
+	return ids
 }

@@ -27,6 +27,7 @@ import (
 
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/nexus"
+	"github.com/nethersandbox/nether/nexus/lifecycle"
 )
 
 // Exit codes.
@@ -276,7 +277,7 @@ over the snapshot's disk (disk.qcow2 in the child's directory).`,
 					return err
 				}
 			}
-			return a.print(sb, func(w io.Writer) { fmt.Fprintln(w, sb.ID) })
+			return a.print(sb, func(w io.Writer) { created(w, sb.ID, sb.Name) })
 		},
 	}
 	f := cmd.Flags()
@@ -373,20 +374,71 @@ func (a *app) lsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if a.asJSON {
+				return a.print(sbs, nil)
+			}
+			names := a.names(cmd.Context())
 			return a.print(sbs, func(w io.Writer) {
 				fmt.Fprintln(w, "ID\tNAME\tSTATE\tPARENT\tSNAPSHOT\tPLAN\tCREATED\tNOTE")
 				for _, sb := range sbs {
-					note := sb.Reason
-					if sb.Pool != "" {
-						note = "pool of " + short(sb.Pool)
-					}
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short(sb.ID), dash(sb.Name), sb.State, dash(short(sb.Parent)),
-						dash(short(sb.Snapshot)), admission(sb), sb.Created.Local().Format("2006-01-02 15:04:05"), note)
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", short(sb.ID), dash(sb.Name), sb.State, names.of(sb.Parent),
+						names.of(sb.Snapshot), admission(sb), sb.Created.Local().Format("2006-01-02 15:04:05"), note(sb, names))
 				}
 			})
 		},
 	}
 }
+
+// note is ls's last column: why a sandbox is in error or stopped (the
+// reason of its last final record), or the pool that holds it.
+func note(sb *nexus.Sandbox, names names) string {
+	switch {
+	case sb.Pool != "":
+		return "pool of " + names.of(sb.Pool)
+	case sb.Reason != "":
+		return sb.Reason
+	}
+	if st := nexus.ParseFinal(sb.Final); st != nil && sb.State != lifecycle.Running {
+		return "last stop: " + st.Reason
+	}
+	return ""
+}
+
+// names shows records by name where they have one: ids of sandboxes and
+// snapshots to their names.
+type names map[string]string
+
+// names reads every sandbox's and snapshot's name. A table that cannot
+// read them shows ids, shortened, as it did.
+func (a *app) names(ctx context.Context) names {
+	m := names{}
+	if sbs, err := a.n.List(ctx); err == nil {
+		for _, sb := range sbs {
+			m[sb.ID] = sb.Name
+		}
+	}
+	if ss, err := a.n.SnapshotList(ctx); err == nil {
+		for _, s := range ss {
+			m[s.ID] = s.Name
+		}
+	}
+	return m
+}
+
+// of is id's name, else the shortened id, else "-" for no id.
+func (m names) of(id string) string {
+	switch {
+	case id == "":
+		return "-"
+	case m[id] != "":
+		return m[id]
+	}
+	return short(id)
+}
+
+// created is what create, fork and snapshot print for each record made:
+// its id, then its name ("-" for none), so `cut -f1` or awk still get ids.
+func created(w io.Writer, id, name string) { fmt.Fprintf(w, "%s\t%s\n", id, dash(name)) }
 
 func dash(s string) string {
 	if s == "" {
@@ -401,15 +453,15 @@ func (a *app) inspectCmd() *cobra.Command {
 		Short: "Show a sandbox's record (JSON)",
 		Args:  args(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			sb, err := a.n.Inspect(cmd.Context(), args[0])
+			d, err := a.n.InspectDetail(cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
 			a.asJSON = true
 			return a.print(struct {
-				*nexus.Sandbox
+				nexus.Detail
 				Admission string `json:"admission"`
-			}{sb, admission(sb)}, nil)
+			}{d, admission(d.Sandbox)}, nil)
 		},
 	}
 }
@@ -534,7 +586,7 @@ func (a *app) snapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.print(s, func(w io.Writer) { fmt.Fprintln(w, s.ID) })
+			return a.print(s, func(w io.Writer) { created(w, s.ID, s.Name) })
 		},
 	}
 	create.Flags().BoolVar(&clean, "clean", false, "a clean snapshot, which any admitted plan may fork: refused, naming why, for a sandbox that may hold a tenant's state (secrets or planes in its plan, app or egress ports, traffic on its NIC or planes)")
@@ -547,10 +599,14 @@ func (a *app) snapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if a.asJSON {
+				return a.print(ss, nil)
+			}
+			names := a.names(cmd.Context())
 			return a.print(ss, func(w io.Writer) {
 				fmt.Fprintln(w, "ID\tNAME\tSOURCE\tCLASS\tSIZE\tREFS\tCREATED")
 				for _, s := range ss {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%.1f MiB\t%d\t%s\n", short(s.ID), dash(s.Name), short(s.Source), nexus.SnapshotClass(s), float64(s.Size)/(1<<20), len(s.Refs),
+					fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%.1f MiB\t%d\t%s\n", short(s.ID), dash(s.Name), names.of(s.Source), nexus.SnapshotClass(s), float64(s.Size)/(1<<20), len(s.Refs),
 						s.Created.Local().Format("2006-01-02 15:04:05"))
 				}
 			})
@@ -831,7 +887,7 @@ func (a *app) forkCmd() *cobra.Command {
 			}
 			perr := a.print(kids, func(w io.Writer) {
 				for _, k := range kids {
-					fmt.Fprintln(w, k.ID)
+					created(w, k.ID, k.Name)
 				}
 			})
 			if a.verbose {
@@ -862,7 +918,9 @@ func (a *app) poolCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.print(p, func(w io.Writer) { fmt.Fprintf(w, "pool of %s: %d\n", p.Snapshot, p.Size) })
+			return a.print(p, func(w io.Writer) {
+				fmt.Fprintf(w, "pool of %s: %d\n", a.names(cmd.Context()).of(p.Snapshot), p.Size)
+			})
 		},
 	}
 	set.Flags().IntVar(&size, "size", 0, "members to keep warm")
@@ -891,10 +949,14 @@ func (a *app) poolCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if a.asJSON {
+				return a.print(ps, nil)
+			}
+			names := a.names(cmd.Context())
 			return a.print(ps, func(w io.Writer) {
 				fmt.Fprintln(w, "SNAPSHOT\tSIZE\tMEMBERS\tREADY")
 				for _, p := range ps {
-					fmt.Fprintf(w, "%s\t%d\t%d\t%d\n", short(p.Snapshot), p.Size, p.Members, p.Ready)
+					fmt.Fprintf(w, "%s\t%d\t%d\t%d\n", names.of(p.Snapshot), p.Size, p.Members, p.Ready)
 				}
 			})
 		},

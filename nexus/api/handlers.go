@@ -89,11 +89,11 @@ func (s *server) list(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *server) inspect(w http.ResponseWriter, r *http.Request) error {
-	sb, err := s.n.Inspect(r.Context(), r.PathValue("ref"))
+	d, err := s.n.InspectDetail(r.Context(), r.PathValue("ref"))
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, sb)
+	return writeJSON(w, http.StatusOK, d)
 }
 
 func (s *server) remove(w http.ResponseWriter, r *http.Request) error {

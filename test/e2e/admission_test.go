@@ -73,7 +73,7 @@ func TestNexusAdmission(t *testing.T) {
 	// here): a plan of 256 cannot admit it by filling in 256.
 	x.refused(7, []string{"--plan", plan(256, ""), "fork", "old"}, "ram_mb 512: the plan allows at most 256")
 	x.refused(7, []string{"--plan", plan(512, sb.Plan), "fork", "s"}, "limits.ram_mb: the child plan asks for 512, its parent allows 256")
-	kid := strings.TrimSpace(x.must("--plan", plan(256, sb.Plan), "fork", "s"))
+	kid := ids1(x.must("--plan", plan(256, sb.Plan), "fork", "s"))
 	if k := x.inspect(kid); k.State != "running" || len(k.Plan) != 64 || k.Plan == sb.Plan {
 		t.Fatalf("an admitted fork: %+v (its parent's plan %s)", k, sb.Plan)
 	}

@@ -79,7 +79,7 @@ func TestNexusDisk(t *testing.T) {
 	// fork -n 2: each child starts from the parent's disk, in its own
 	// layer in its own directory.
 	tf := time.Now()
-	kids := strings.Fields(x.must("fork", "dsk", "-n", "2", "--name", "dk"))
+	kids := ids(x.must("fork", "dsk", "-n", "2", "--name", "dk"))
 	t.Logf("nexus fork -n 2 of a running sandbox with a 32 MiB disk took %s (its snapshot included)", time.Since(tf).Round(time.Millisecond))
 	step("fork -n 2")
 	if len(kids) != 2 {

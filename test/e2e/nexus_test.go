@@ -85,6 +85,26 @@ func (x *nx) must(args ...string) string {
 	return out
 }
 
+// ids are the ids create, fork and snapshot create print: the first
+// field of each line ("<id>  <name>").
+func ids(out string) []string {
+	var ids []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			ids = append(ids, f[0])
+		}
+	}
+	return ids
+}
+
+// ids1 is the one id of a command that made one record.
+func ids1(out string) string {
+	if all := ids(out); len(all) == 1 {
+		return all[0]
+	}
+	return strings.TrimSpace(out) // not one record: the caller's lookup fails, naming it
+}
+
 // refused runs a request that must fail with exit code want, its message
 // containing each of words.
 func (x *nx) refused(want int, args []string, words ...string) {
@@ -167,7 +187,7 @@ func TestNexusLifecycle(t *testing.T) {
 	x.must("start", "life")
 	illegal("running", "start", "resume", "rm")
 	x.must("exec", "life", "--", "echo one > /root/gen")
-	snap := strings.TrimSpace(x.must("snapshot", "create", "life", "life-base"))
+	snap := ids1(x.must("snapshot", "create", "life", "life-base"))
 	if x.state("life") != "running" {
 		t.Fatal("a snapshot moved the sandbox out of running")
 	}
@@ -233,7 +253,7 @@ func TestNexusFork(t *testing.T) {
 	x.must("exec", "base", "--", "echo inherited > /root/marker")
 	x.must("snapshot", "create", "base", "warm")
 	t0 := time.Now()
-	kids := strings.Fields(x.must("fork", "warm", "-n", "4", "--name", "kid"))
+	kids := ids(x.must("fork", "warm", "-n", "4", "--name", "kid"))
 	t.Logf("nexus fork -n 4 took %s", time.Since(t0).Round(time.Millisecond))
 	if len(kids) != 4 {
 		t.Fatalf("fork -n 4 printed %q", kids)
@@ -278,7 +298,7 @@ func TestNexusFork(t *testing.T) {
 	x.must(append([]string{"rm", "--force"}, kids...)...)
 	x.must("snapshot", "rm", "warm")
 	// Forking a running sandbox takes a snapshot of it first.
-	kid := strings.TrimSpace(x.must("fork", "base"))
+	kid := ids1(x.must("fork", "base"))
 	if sb := x.inspect(kid); sb.Parent != base.ID || sb.Snapshot == "" {
 		t.Errorf("a fork of a running sandbox: %+v", sb)
 	}
@@ -314,7 +334,7 @@ func TestNexusFork(t *testing.T) {
 func TestNexusCorruptSnapshot(t *testing.T) {
 	x := newNexus(t)
 	x.must("create", "--name", "src", "--ram-mb", "256", "--start")
-	id := strings.TrimSpace(x.must("snapshot", "create", "src", "fragile"))
+	id := ids1(x.must("snapshot", "create", "src", "fragile"))
 	meta := filepath.Join(x.dir, "snapshots", id, "meta.json")
 	b, err := os.ReadFile(meta)
 	if err != nil {
@@ -441,7 +461,7 @@ func (x *nx) pool(snap string) nxPool {
 func TestNexusPool(t *testing.T) {
 	x := newNexus(t)
 	x.must("create", "--name", "pbase", "--ram-mb", "256", "--start")
-	snap := strings.TrimSpace(x.must("snapshot", "create", "pbase", "pwarm"))
+	snap := ids1(x.must("snapshot", "create", "pbase", "pwarm"))
 	x.must("pool", "set", "pwarm", "--size", "3")
 	if p := x.pool(snap); p.Size != 3 || p.Members != 3 {
 		t.Fatalf("after pool set --size 3: %+v", p)
@@ -453,7 +473,7 @@ func TestNexusPool(t *testing.T) {
 		}
 	}
 	t0 := time.Now()
-	kids := strings.Fields(x.must("fork", "pwarm", "-n", "3", "--name", "claimed"))
+	kids := ids(x.must("fork", "pwarm", "-n", "3", "--name", "claimed"))
 	t.Logf("three claims took %s", time.Since(t0).Round(time.Millisecond))
 	seen := map[string]map[string]bool{"hostname": {}, "machine-id": {}, "urandom": {}}
 	for i, id := range kids {

@@ -70,7 +70,7 @@ func TestForkTrustPracticalTest(t *testing.T) {
 	parent := x.inspect("parent")
 	// A secret the child plan does not list is refused by name.
 	x.refused(7, []string{"--plan", plan(parent.Plan), "--secret", "OTHER=x", "fork", "s"}, "secrets OTHER: the plan does not list them")
-	kidID := strings.TrimSpace(x.must("--plan", plan(parent.Plan), "--secret", "API_KEY=@"+betaFile, "fork", "s"))
+	kidID := ids1(x.must("--plan", plan(parent.Plan), "--secret", "API_KEY=@"+betaFile, "fork", "s"))
 	kid := x.inspect(kidID)
 
 	type view struct {
