@@ -5,7 +5,7 @@
 // image from a root file system tarball or an OCI image instead.
 //
 //	nether-guest build --agent bin/nether-agent [--cache ~/.cache/nether/kernel] --out build/guest [--busybox /bin/busybox]
-//	nether-guest rootfs [--cache ~/.cache/nether/rootfs] [--out build/guest] [--format erofs|squashfs|ext4] [--packages a,b,c]
+//	nether-guest rootfs [--cache ~/.cache/nether/rootfs] --out build/guest [--format erofs|squashfs|ext4] [--packages a,b,c]
 //	nether-guest import (--tar FILE | --oci-layout DIR | --docker-archive FILE | --image REF) --out DIR [--format erofs|squashfs|ext4] [--name NAME]
 package main
 
@@ -26,8 +26,8 @@ import (
 	"github.com/nethersandbox/nether/internal/rootimage"
 )
 
-const usage = `usage: nether-guest build --agent PATH [--cache DIR] [--out DIR] [--busybox PATH] [--modules a,b,c] [-v]
-       nether-guest rootfs [--cache DIR] [--out DIR] [--format erofs|squashfs|ext4] [--packages a,b,c] [-v]
+const usage = `usage: nether-guest build --agent PATH [--cache DIR] --out DIR [--busybox PATH] [--modules a,b,c] [-v]
+       nether-guest rootfs [--cache DIR] --out DIR [--format erofs|squashfs|ext4] [--packages a,b,c] [-v]
        nether-guest import (--tar FILE | --oci-layout DIR | --docker-archive FILE | --image REF)
                            --out DIR [--format erofs|squashfs|ext4] [--name NAME] [-v]
 
@@ -93,7 +93,7 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.SetOutput(stderr)
 	agent := fs.String("agent", "", "static agent binary, becomes /init (required)")
 	cache := fs.String("cache", guestimage.DefaultCacheDir(), "kernel package cache directory (outside the work tree, shared by every clone)")
-	out := fs.String("out", "build/guest", "output directory")
+	out := fs.String("out", "", "output directory (required; scripts/setup.sh gives build/guest)")
 	busybox := fs.String("busybox", guestimage.DefaultBusybox, "statically linked busybox")
 	modules := fs.String("modules", strings.Join(guestimage.DefaultModules, ","), "comma-separated root kernel modules")
 	verbose := fs.Bool("v", false, "debug logging")
@@ -105,6 +105,9 @@ func build(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if *agent == "" {
 		return errors.New("--agent is required (build it with CGO_ENABLED=0 go build -o bin/nether-agent ./cmd/nether-agent)")
+	}
+	if *out == "" {
+		return errors.New("--out is required: the directory for the kernel and initramfs (scripts/setup.sh gives build/guest)")
 	}
 	level := slog.LevelInfo
 	if *verbose {
@@ -150,7 +153,7 @@ func rootfs(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := flag.NewFlagSet("rootfs", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cache := fs.String("cache", rootimage.DefaultCacheDir(), "image cache directory (outside the work tree, shared by every clone)")
-	out := fs.String("out", "build/guest", "output directory")
+	out := fs.String("out", "", "output directory (required; scripts/setup.sh gives build/guest): rootfs.img and rootfs.json go there")
 	format := fs.String("format", string(rootimage.DefaultFormat), "file system: erofs, squashfs or ext4")
 	packages := fs.String("packages", "", "comma-separated Debian packages to install besides "+strings.Join(rootimage.DefaultPackages, ","))
 	verbose := fs.Bool("v", false, "debug logging, and mmdebstrap's and mkfs's output")
@@ -159,6 +162,11 @@ func rootfs(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if fs.NArg() != 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if *out == "" {
+		// Never a default: one relative to where it runs would replace
+		// a checkout's default image when run inside it.
+		return errors.New("--out is required: the directory for rootfs.img and rootfs.json (scripts/setup.sh gives build/guest)")
 	}
 	f, err := rootimage.ParseFormat(*format)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"flag"
 	"os"
 	"path/filepath"
@@ -84,5 +85,29 @@ func TestImportHelp(t *testing.T) {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("help lacks %q:\n%s", want, stderr.String())
 		}
+	}
+}
+
+// TestOutRequired: build and rootfs write only where --out says; run
+// without it inside a checkout they used to replace its build/guest.
+func TestOutRequired(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for name, run := range map[string]func() error{
+		"build": func() error {
+			return build(context.Background(), []string{"--agent", "/bin/true"}, io.Discard, io.Discard)
+		},
+		"rootfs": func() error {
+			return rootfs(context.Background(), []string{"--cache", filepath.Join(dir, "cache")}, io.Discard, io.Discard)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if err := run(); err == nil || !strings.Contains(err.Error(), "--out is required") {
+				t.Fatalf("without --out: %v, want --out is required", err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, "build")); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("build/ was made in the working directory (%v)", err)
+			}
+		})
 	}
 }

@@ -5,6 +5,9 @@ import (
 	"io"
 	"strings"
 	"testing"
+
+	"github.com/nethersandbox/nether/nexus"
+	"github.com/nethersandbox/nether/nexus/lifecycle"
 )
 
 // TestUsageErrors: bad usage exits 2 and names what was wrong in words, a
@@ -44,5 +47,26 @@ func TestUsageErrors(t *testing.T) {
 				t.Errorf("%q says %q", err, tt.not)
 			}
 		})
+	}
+}
+
+// TestNote: ls says why a sandbox is in error or last stopped, or which
+// pool (by name) holds it.
+func TestNote(t *testing.T) {
+	names := names{"01JSNAPSNAPSNAPSNAPSNAPSNA": "warm"}
+	for _, tc := range []struct {
+		sb   nexus.Sandbox
+		want string
+	}{
+		{nexus.Sandbox{State: lifecycle.Stopped, Final: "[nether] final usage (reason=max_runtime): uptime_ms=5003"}, "last stop: max_runtime"},
+		{nexus.Sandbox{State: lifecycle.Paused, Final: "[nether] final usage (reason=park): uptime_ms=1"}, "last stop: park"},
+		{nexus.Sandbox{State: lifecycle.Running, Final: "[nether] final usage (reason=shutdown): uptime_ms=1"}, ""},
+		{nexus.Sandbox{State: lifecycle.Error, Reason: "its nether ended without a final record"}, "its nether ended without a final record"},
+		{nexus.Sandbox{State: lifecycle.Running, Pool: "01JSNAPSNAPSNAPSNAPSNAPSNA"}, "pool of warm"},
+		{nexus.Sandbox{State: lifecycle.Running, Pool: "01JOTHEROTHEROTHEROTHEROTH"}, "pool of 01JOTHEROTHEROTH"},
+	} {
+		if got := note(&tc.sb, names); got != tc.want {
+			t.Errorf("note(%+v) = %q, want %q", tc.sb, got, tc.want)
+		}
 	}
 }

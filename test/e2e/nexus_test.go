@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -170,7 +173,7 @@ func nethersIn(root string) []int {
 // message naming the sandbox, its state and the verb.
 func TestNexusLifecycle(t *testing.T) {
 	x := newNexus(t)
-	x.must("create", "--name", "life", "--ram-mb", "256")
+	x.must("create", "--name", "life", "--ram-mb", "256", "--app-port", "8000")
 	illegal := func(state string, verbs ...string) {
 		t.Helper()
 		for _, v := range verbs {
@@ -186,6 +189,7 @@ func TestNexusLifecycle(t *testing.T) {
 
 	x.must("start", "life")
 	illegal("running", "start", "resume", "rm")
+	nexusAppPortReachable(t, x, "life")
 	x.must("exec", "life", "--", "echo one > /root/gen")
 	snap := ids1(x.must("snapshot", "create", "life", "life-base"))
 	if x.state("life") != "running" {
@@ -571,4 +575,43 @@ func nexusExecIsTheGuestsShell(t *testing.T, x *nx, ref string) {
 	if outAfter, _ := os.ReadFile(filepath.Join(dir, "nether.out")); !bytes.Equal(outBefore, outAfter) {
 		t.Errorf("nether.out changed: %q -> %q", outBefore, outAfter)
 	}
+}
+
+// nexusAppPortReachable: --app-port gives the sandbox a data socket that
+// inspect names, and an HTTP request through it reaches the guest's
+// server on that port.
+func nexusAppPortReachable(t *testing.T, x *nx, ref string) {
+	t.Helper()
+	var d struct {
+		DataSocket    string `json:"data_socket"`
+		ControlSocket string `json:"control_socket"`
+		Settings      struct {
+			CPUs  int `json:"cpus"`
+			RAMMB int `json:"ram_mb"`
+		} `json:"settings"`
+	}
+	out := x.must("inspect", ref)
+	if err := json.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.DataSocket == "" || d.ControlSocket == "" || d.Settings.CPUs != 1 || d.Settings.RAMMB != 256 {
+		t.Fatalf("inspect of a running sandbox with --app-port: %s", out)
+	}
+	x.must("exec", ref, "--", "mkdir -p /tmp/www && echo served-by-the-guest > /tmp/www/index.html && "+
+		"(cd /tmp/www && nohup python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &) && "+
+		"for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8000))' 2>/dev/null && exit 0; sleep 0.1; done; exit 1")
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", d.DataSocket)
+		}}}
+	resp, err := hc.Get("http://guest/index.html")
+	if err != nil {
+		t.Fatalf("GET through the data socket %s: %v", d.DataSocket, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "served-by-the-guest\n" {
+		t.Fatalf("through the data socket: %d %q", resp.StatusCode, body)
+	}
+	x.must("exec", ref, "--", "pkill -f http.server; true")
 }
