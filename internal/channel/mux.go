@@ -86,7 +86,8 @@ type Mux struct {
 type pending struct {
 	seq  uint64 // 0 for unsequenced frames
 	enc  []byte
-	refs int // the resend queue, the write queue or the write loop's batch
+	refs int  // the resend queue, the write queue or the write loop's batch
+	ping bool // a keepalive (recover.go): carries nothing
 }
 
 // releaseLocked drops one hold on p.

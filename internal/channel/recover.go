@@ -129,7 +129,9 @@ func (m *Mux) watchLocked(now time.Time, silence time.Duration) bool {
 func (m *Mux) pingLocked() {
 	var grant [4]byte
 	m.sendLocked(typeWindow, 0, grant[:])
-	m.pingSeq = m.nextSeq - 1
+	p := m.unacked[len(m.unacked)-1]
+	p.ping = true
+	m.pingSeq = p.seq
 }
 
 // resendUnaskedLocked queues every unacknowledged frame again, keeping the

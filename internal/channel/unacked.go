@@ -14,8 +14,10 @@ func (m *Mux) Unacked() int {
 // refuse.
 func (m *Mux) unackedLocked() int {
 	n := len(m.unacked)
-	if m.pingSeq != 0 {
-		n--
+	for _, p := range m.unacked {
+		if p.ping {
+			n--
+		}
 	}
 	return n
 }

@@ -173,7 +173,7 @@ type Session struct {
 	stopCh    chan string // a stop request carrying its reason
 	stopOnce  sync.Once
 	stopWhy   atomic.Pointer[string] // what the stop's ERR lines say, when more than its reason
-	captureMu sync.Mutex // one capture at a time; the stop path takes it too
+	captureMu sync.Mutex             // one capture at a time; the stop path takes it too
 }
 
 // view is the session's public face, read by __info__ while the machine
