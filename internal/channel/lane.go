@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 )
 
 // The bulk lane is memory shared by the two halves beside the transport
@@ -27,10 +28,19 @@ import (
 // fresh memory after a restore, or a hostile guest rewrote it) is refused
 // whole. Because the header proves the bytes are the batch the sender
 // wrote, and the sender reuses lane memory only once every frame in it is
-// acknowledged, the frames of a batch skip their payload checksums: in a
-// TCG guest hashing every byte was a fifth of a put's time. (The
-// checksums guard against garbage, not against a peer: a hostile guest
-// can checksum what it likes.)
+// acknowledged, the guest skips the payload checksums of the host's
+// batches: in a TCG guest hashing every byte was a fifth of a put's time.
+// The host checks them (it hashes gigabytes a second): a guest that
+// scribbles over its half after writing a batch's header gets that batch
+// refused rather than its bytes delivered. (The checksums guard against
+// garbage, not against a peer: a hostile guest can checksum what it
+// likes.) A batch must also decode to whole frames and nothing else.
+//
+// A refused batch is frames lost on a live transport: its receiver asks
+// for them again with a resync and no announce, so the sender sends them,
+// and everything after, through the transport, and stops using its half
+// (the receiver no longer reads it; lane memory that changes under its
+// descriptors is not worth the resends).
 //
 // The lane is split in two halves, one per direction: the host writes
 // the first and reads the second. A sender reuses a part of its half only
@@ -71,12 +81,17 @@ type laneRegion struct {
 // laneState is a Mux's view of its lane; every field is guarded by the
 // Mux's lock except the memory itself.
 type laneState struct {
-	mem      Lane
-	half     int64 // bytes per direction
-	txBase   int64 // where our half starts
-	rxBase   int64 // where the peer's half starts
-	peer     bool  // the peer said it reads our half
-	dead     bool  // a write to the lane failed: never again
+	mem    Lane
+	half   int64 // bytes per direction
+	txBase int64 // where our half starts
+	rxBase int64 // where the peer's half starts
+	peer   bool  // the peer said it reads our half
+	dead   bool  // a write to the lane failed: never again
+	// rxDead: a batch of the peer's was refused; its half is never read
+	// again, and we never again announce that we read it.
+	// It is atomic because the read loop checks it before it takes the
+	// Mux's lock.
+	rxDead   atomic.Bool
 	regions  []laneRegion
 	head     int64 // where the next region starts in our half
 	maxBatch int64
@@ -200,13 +215,16 @@ func laneHeader(n int64, id uint64) []byte {
 
 // batch returns the frames of the batch a descriptor names, appended to
 // into. It says false, and yields nothing, for a descriptor out of
-// bounds, a failed read, or bytes that are not the batch it names.
+// bounds, a failed read, bytes that are not the batch it names, or a
+// batch that is not whole valid frames end to end (on the host, with
+// their payload checksums), and for every descriptor once one was
+// refused (rxDead).
 //
 // scratch is the caller's buffer for the copy (one per read loop).
 func (l *laneState) batch(desc []byte, scratch *[]byte, alloc func(int) []byte, into []*frame) ([]*frame, bool) {
 	off := int64(binary.LittleEndian.Uint32(desc[0:]))
 	n := int64(binary.LittleEndian.Uint32(desc[4:]))
-	if n < laneHeaderLen+headerLen || n > l.maxBatch || off+n > l.half {
+	if l.rxDead.Load() || n < laneHeaderLen+headerLen || n > l.maxBatch || off+n > l.half {
 		return into, false
 	}
 	var b []byte
@@ -227,7 +245,8 @@ func (l *laneState) batch(desc []byte, scratch *[]byte, alloc func(int) []byte, 
 		binary.LittleEndian.Uint64(b[8:]) != binary.LittleEndian.Uint64(desc[8:]) {
 		return into, false
 	}
-	d := Decoder{buf: b, off: laneHeaderLen, alloc: alloc, unchecked: true}
+	d := Decoder{buf: b, off: laneHeaderLen, alloc: alloc, unchecked: l.view != nil}
+	start := len(into)
 	for {
 		f, err := d.next()
 		if err != nil {
@@ -238,8 +257,14 @@ func (l *laneState) batch(desc []byte, scratch *[]byte, alloc func(int) []byte, 
 		}
 		into = append(into, f)
 	}
-	// A batch holds whole frames only; a sender that says otherwise is
-	// broken or hostile, and what is left is dropped.
+	// A batch holds whole valid frames only. Bytes skipped or left over
+	// are frames lost (changed under the descriptor, or a sender that is
+	// broken or hostile): the whole batch is refused, so that its
+	// receiver asks for all of it again rather than missing some.
+	if d.Skipped != 0 || d.unparsed() != 0 {
+		clear(into[start:])
+		return into[:start], false
+	}
 	return into, true
 }
 

@@ -65,6 +65,14 @@ type Mux struct {
 	payloads payloadPool // received payloads, between the read loop and Stream.Read
 	frames   payloadPool // sent frames, between WriteFrom and the end of their last write
 
+	// Loss recovery and liveness (recover.go).
+	askedAt  time.Time // when we last asked the peer to send again
+	heard    time.Time // when a frame last arrived, or the silence clock restarted
+	ackedAt  time.Time // when the resend queue last shrank, or began to fill
+	resentAt time.Time // when we last resent our frames unasked
+	pingSeq  uint64    // our keepalive still unacknowledged, 0 if none
+	dead     chan struct{}
+
 	// counters for meters and logs
 	bytesIn, bytesOut uint64
 	skipped           uint64
@@ -78,7 +86,8 @@ type Mux struct {
 type pending struct {
 	seq  uint64 // 0 for unsequenced frames
 	enc  []byte
-	refs int // the resend queue, the write queue or the write loop's batch
+	refs int  // the resend queue, the write queue or the write loop's batch
+	ping bool // a keepalive (recover.go): carries nothing
 }
 
 // releaseLocked drops one hold on p.
@@ -100,7 +109,7 @@ func (m *Mux) setOutqLocked(q []*pending) {
 
 // New returns an unattached Mux. Frames queue until Attach.
 func New(role Role, log *slog.Logger) *Mux {
-	m := &Mux{log: log, role: role, nextSeq: 1, streams: map[uint32]*Stream{}}
+	m := &Mux{log: log, role: role, nextSeq: 1, streams: map[uint32]*Stream{}, dead: make(chan struct{})}
 	if role == Host {
 		m.nextID = 1
 	} else {
@@ -126,9 +135,10 @@ func (m *Mux) Attach(rw io.ReadWriter, persistent bool) {
 	gen := m.gen
 	m.transport = rw
 	m.down = false
+	m.restartSilenceLocked()
 	if m.role == Host {
 		q := []*pending{{enc: appendFrame(nil, &frame{typ: typeResync}), refs: 1}}
-		if m.lane != nil {
+		if m.lane != nil && !m.lane.rxDead.Load() {
 			q = append(q, laneAnnounce())
 		}
 		m.setOutqLocked(append(q, m.resendLocked()...))
@@ -185,17 +195,24 @@ func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
 				frames = append(frames, f)
 			}
 			m.mu.Lock()
+			if m.gen != gen || m.closed {
+				m.mu.Unlock()
+				return
+			}
+			if len(frames) > 0 || refused > 0 {
+				m.heard = time.Now()
+			}
 			if lane != nil {
 				lane.batchesIn += batches
 				lane.bytesIn += batchBytes
 				lane.refused += refused
 				if refused != 0 {
 					m.warnLocked("channel: refused bulk lane descriptors (out of bounds, or naming bytes that are not their batch)", "refused_total", lane.refused)
+					// The frames they stood for are lost: asked for again,
+					// through the transport, at once.
+					first := !lane.rxDead.Swap(true)
+					m.askResendLocked("bulk lane batches were refused", first)
 				}
-			}
-			if m.gen != gen || m.closed {
-				m.mu.Unlock()
-				return
 			}
 			for _, f := range frames {
 				m.handleLocked(f)
@@ -205,6 +222,7 @@ func (m *Mux) readLoop(r io.Reader, gen int, persistent bool) {
 				m.skipped += d.Skipped
 				m.warnLocked("channel: skipped bytes that were not valid frames", "bytes_total", m.skipped)
 				d.Skipped = 0
+				m.askResendLocked("bytes that were not valid frames were skipped", false)
 			}
 			m.cond.Broadcast()
 			m.mu.Unlock()
@@ -253,6 +271,10 @@ func (m *Mux) handleLocked(f *frame) {
 			m.releaseLocked(p)
 		}
 		m.unacked = append(m.unacked[:0:0], m.unacked[i:]...)
+		m.ackedAt = time.Now()
+	}
+	if m.pingSeq != 0 && f.ack >= m.pingSeq {
+		m.pingSeq = 0
 	}
 	if m.lane != nil {
 		m.lane.ackLocked(f.ack)
@@ -269,9 +291,12 @@ func (m *Mux) handleLocked(f *frame) {
 		q := m.resendLocked()
 		if m.lane != nil {
 			// A new transport may mean a new peer: it says again whether
-			// it reads our half (its announce follows its resync).
+			// it reads our half (its announce follows its resync). We say
+			// so again too, unless we refused a batch of its.
 			m.lane.peer = false
-			q = append([]*pending{laneAnnounce()}, q...)
+			if !m.lane.rxDead.Load() {
+				q = append([]*pending{laneAnnounce()}, q...)
+			}
 		}
 		m.setOutqLocked(q)
 		return
@@ -286,7 +311,11 @@ func (m *Mux) handleLocked(f *frame) {
 		m.ackNow = true
 		return
 	case f.seq != m.recvSeq+1:
-		return // a gap: frames before it were lost with an old transport and will be resent
+		// A gap: frames before it were lost, with an old transport (the
+		// resync of the new one has them resent) or on this one (a
+		// refused batch, bytes skipped): the peer is asked for them.
+		m.askResendLocked("frames arrived after a gap", false)
+		return
 	}
 	m.recvSeq = f.seq
 	if !m.ackArmed {
@@ -461,6 +490,9 @@ func (m *Mux) sendSealedLocked(typ byte, stream uint32, enc []byte) {
 	m.nextSeq++
 	putHeader(enc, typ, stream, seq, m.recvSeq)
 	p := &pending{seq: seq, enc: enc, refs: 2}
+	if len(m.unacked) == 0 {
+		m.ackedAt = time.Now() // the wait for an ack starts now
+	}
 	m.unacked = append(m.unacked, p)
 	m.outq = append(m.outq, p)
 	m.bytesOut += uint64(len(enc) - headerLen)
@@ -534,6 +566,7 @@ func (m *Mux) Freeze() {
 func (m *Mux) Thaw() {
 	m.mu.Lock()
 	m.frozen = false
+	m.restartSilenceLocked() // the peer was stopped, not silent
 	m.cond.Broadcast()
 	m.mu.Unlock()
 }
@@ -604,8 +637,8 @@ func (m *Mux) Accept(ctx context.Context) (*Stream, error) {
 func (m *Mux) Settled() (bool, string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if len(m.unacked) > 0 {
-		return false, fmt.Sprintf("%d frames not yet acknowledged by the guest", len(m.unacked))
+	if n := m.unackedLocked(); n > 0 {
+		return false, fmt.Sprintf("%d frames not yet acknowledged by the guest", n)
 	}
 	if len(m.streams) > 0 {
 		return false, fmt.Sprintf("%d streams open", len(m.streams))

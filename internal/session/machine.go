@@ -21,6 +21,7 @@ import (
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/guestimage"
+	"github.com/nethersandbox/nether/internal/meter"
 	"github.com/nethersandbox/nether/internal/snapshot"
 )
 
@@ -239,11 +240,22 @@ func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components) 
 		s.agent.Handle(agentproto.OpEgress, s.serveEgress)
 	}
 	go s.agent.Serve(s.ctx)
+	silence := s.opt.ChannelSilence
+	if silence == 0 {
+		silence = channelSilence
+	}
+	mux.SetLiveness(silence)
 	go func() {
-		// The engine's end closes every stream that waits on the guest.
 		select {
 		case <-m.Done():
+			// The engine's end closes every stream that waits on the guest.
 			mux.Close()
+		case <-mux.Dead():
+			// A guest that answers nothing can no longer be driven: every
+			// stream has failed, and the sandbox ends saying why.
+			err := mux.Err()
+			s.log.Error("channel: the guest stopped answering on the channel; ending the sandbox", "err", err)
+			s.stopFor(meter.ReasonError, err)
 		case <-s.ctx.Done():
 		}
 	}()

@@ -65,6 +65,14 @@ const (
 	// handshakeTimeout bounds the post-restore handshake: a healthy agent
 	// answers in milliseconds, even under TCG.
 	handshakeTimeout = 20 * time.Second
+	// channelSilence is how long the guest may send nothing at all on
+	// the channel while nether waits for an answer (a keepalive goes
+	// after a fifth of it) before the channel is declared dead and the
+	// sandbox ends with reason=error. A healthy agent acknowledges within
+	// milliseconds, even under TCG on a loaded host; silence this long
+	// means the guest can no longer be driven (it removed the channel's
+	// device, or its agent no longer runs).
+	channelSilence = 10 * time.Second
 )
 
 // Options are the process-level inputs of a session.
@@ -87,6 +95,8 @@ type Options struct {
 	// (handshakeTimeout, powerOffWait); tests shorten them.
 	HandshakeTimeout time.Duration
 	PowerOffWait     time.Duration
+	// ChannelSilence overrides channelSilence; tests shorten it.
+	ChannelSilence time.Duration
 	// Verified remembers the artifacts this host verified in full, so a
 	// restore of an unchanged one does not read all of it again; nil
 	// verifies every restore in full. validate_snapshot always does.
@@ -162,7 +172,8 @@ type Session struct {
 
 	stopCh    chan string // a stop request carrying its reason
 	stopOnce  sync.Once
-	captureMu sync.Mutex // one capture at a time; the stop path takes it too
+	stopWhy   atomic.Pointer[string] // what the stop's ERR lines say, when more than its reason
+	captureMu sync.Mutex             // one capture at a time; the stop path takes it too
 }
 
 // view is the session's public face, read by __info__ while the machine
@@ -391,7 +402,7 @@ func signalReason(sig os.Signal) string {
 // assembly to give up, and let the deferred quit stop whatever started.
 func (s *Session) stopDuringAssembly(reason string, assembled <-chan error) (string, error) {
 	s.log.Info("stopping while the sandbox is still starting", "reason", reason)
-	s.stopControl(reason)
+	s.stopControl(s.whyStop(reason))
 	s.cancel(errStopping)
 	<-assembled
 	return reason, nil
@@ -403,7 +414,7 @@ func (s *Session) stopDuringAssembly(reason string, assembled <-chan error) (str
 // a wedged engine must not hold the stop), then ask the guest to power
 // off, then make sure it is gone.
 func (s *Session) teardown(reason string) {
-	s.stopControl(reason)
+	s.stopControl(s.whyStop(reason))
 	s.holdCaptures()
 	defer s.captureMu.Unlock()
 	if reason == meter.ReasonPark {
@@ -524,11 +535,27 @@ func (n neverFail) Write(p []byte) (int, error) {
 }
 
 // stop asks the session to end with reason; the first request wins.
-func (s *Session) stop(reason string) {
+func (s *Session) stop(reason string) { s.stopFor(reason, nil) }
+
+// stopFor is stop with a cause, which the ERR lines of the commands the
+// stop ends name after the reason.
+func (s *Session) stopFor(reason string, cause error) {
 	s.stopOnce.Do(func() {
+		if cause != nil {
+			why := reason + ": " + cause.Error()
+			s.stopWhy.Store(&why)
+		}
 		s.life("stopping reason=%s", reason)
 		s.stopCh <- reason
 	})
+}
+
+// whyStop is what the ERR lines of a stop for reason say.
+func (s *Session) whyStop(reason string) string {
+	if why := s.stopWhy.Load(); why != nil {
+		return *why
+	}
+	return reason
 }
 
 // setView updates what __info__ reports.
