@@ -613,5 +613,5 @@ func nexusAppPortReachable(t *testing.T, x *nx, ref string) {
 	if resp.StatusCode != 200 || string(body) != "served-by-the-guest\n" {
 		t.Fatalf("through the data socket: %d %q", resp.StatusCode, body)
 	}
-	x.must("exec", ref, "--", "pkill -f http.server; true")
+	x.must("exec", ref, "--", "pkill -f '[h]ttp.server'; true")
 }
