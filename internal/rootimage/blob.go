@@ -78,7 +78,7 @@ func formatSize(n int64) string {
 type blob struct {
 	what    string // for messages: "the manifest sha256:…", "layer 2 of 3 (sha256:…)"
 	desc    v1.Descriptor
-	unsized bool // desc.Size is not known
+	unsized bool  // desc.Size is not known
 	corrupt error // wrapped by a digest or size mismatch: errDigest, or errCorrupt for a layer
 	// open returns the stored bytes and their length as the store sees
 	// it (-1 if unknown), which is checked against the descriptor before
