@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 )
@@ -189,7 +190,7 @@ func checkStoredSize(b blob, stored, bound int64) error {
 	case size < -1 || (!b.unsized && b.desc.Digest.Hex == ""):
 		return fmt.Errorf("%s has no valid descriptor (size %d, digest %q): %w", b.what, size, b.desc.Digest, b.corrupt)
 	case bound > 0 && size > bound:
-		return metadataTooBig(b.what, formatSize(size)+", its descriptor says,")
+		return metadataTooBig(b.what, formatSize(size)+" (its descriptor says)")
 	case bound > 0 && stored > bound:
 		return metadataTooBig(b.what, formatSize(stored))
 	case size >= 0 && stored >= 0 && stored < size:
@@ -205,7 +206,7 @@ func checkStoredSize(b blob, stored, bound int64) error {
 func openBlob(ctx context.Context, b blob, bound int64) (*digestReader, io.Closer, error) {
 	rc, stored, err := b.open(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("opening %s: %w", b.what, err)
+		return nil, nil, withName(b.what, "opening "+b.what, err)
 	}
 	if err := checkStoredSize(b, stored, bound); err != nil {
 		rc.Close()
@@ -230,10 +231,19 @@ func readMetadata(ctx context.Context, b blob) ([]byte, v1.Hash, error) {
 	defer c.Close()
 	data, err := io.ReadAll(io.LimitReader(dr, MaxMetadata+1))
 	if err != nil {
-		return nil, v1.Hash{}, fmt.Errorf("reading %s: %w", b.what, err)
+		return nil, v1.Hash{}, withName(b.what, "reading "+b.what, err)
 	}
 	if int64(len(data)) > MaxMetadata {
 		return nil, v1.Hash{}, metadataTooBig(b.what, "more than "+formatSize(MaxMetadata))
 	}
 	return data, dr.sum(), nil
+}
+
+// withName prefixes err with prefix unless its message names what
+// already: the verifying readers' refusals name the blob they refuse.
+func withName(what, prefix string, err error) error {
+	if strings.Contains(err.Error(), what) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", prefix, err)
 }

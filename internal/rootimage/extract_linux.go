@@ -336,6 +336,9 @@ func (x *extractor) file(dfd int, base, rel string, hdr *tar.Header, r io.Reader
 	x.Stats.Bytes += n
 	if err != nil {
 		f.Close()
+		if errors.Is(src.err, errTooBig) {
+			return fmt.Errorf("entry %q: %w", hdr.Name, src.err)
+		}
 		if src.err != nil {
 			return &readError{entry: hdr.Name, err: src.err}
 		}
@@ -577,6 +580,9 @@ func (x *extractor) extractTar(r io.Reader, oci bool) error {
 		if err == io.EOF {
 			return nil
 		}
+		if errors.Is(err, errTooBig) || (err != nil && x.ctx.Err() != nil) {
+			return err
+		}
 		if err != nil {
 			return &readError{entry: last, err: err}
 		}
@@ -615,13 +621,12 @@ const maxTrailer = 1 << 20
 type streamBound struct {
 	r      io.Reader
 	n, max *int64
-	what   string
 }
 
 func (b streamBound) Read(p []byte) (int, error) {
 	if *b.n >= *b.max {
-		return 0, tooBig("%s: the layers' uncompressed tar streams are over %s, twice the import's bound on what it writes (--max-size): a decompression bomb, or an image too big for the bound",
-			b.what, formatSize(*b.max))
+		return 0, tooBig("the layers' uncompressed tar streams are over %s, twice the import's bound on what it writes (--max-size): a decompression bomb, or an image too big for the bound",
+			formatSize(*b.max))
 	}
 	if rest := *b.max - *b.n; int64(len(p)) > rest {
 		p = p[:rest]
@@ -652,9 +657,9 @@ func extractLayers(ctx context.Context, tree string, layers []layerSource, maxSi
 		x.startLayer()
 		rc, err := l.open(ctx)
 		if err != nil {
-			return x.Stats, fmt.Errorf("opening %s: %w", l.name, truncated(err, l.name))
+			return x.Stats, withName(l.name, "opening "+l.name, truncated(err, l.name))
 		}
-		r := ctxReader{ctx, streamBound{r: rc, n: &streamed, max: &streamMax, what: l.name}}
+		r := ctxReader{ctx, streamBound{r: rc, n: &streamed, max: &streamMax}}
 		err = x.extractTar(r, l.oci)
 		if err == nil {
 			// The rest of the stream: tar's end blocks, the padding, and
@@ -662,6 +667,8 @@ func extractLayers(ctx context.Context, tree string, layers []layerSource, maxSi
 			// truncated or altered stream from a whole one.
 			n, cerr := io.Copy(io.Discard, io.LimitReader(r, maxTrailer+1))
 			switch {
+			case errors.Is(cerr, errCorrupt) || errors.Is(cerr, errTruncated) || errors.Is(cerr, errTooBig):
+				err = cerr // a verifying reader's verdict on the whole layer
 			case cerr != nil:
 				err = &readError{entry: "(after the last entry)", err: cerr}
 			case n > maxTrailer:
@@ -679,7 +686,7 @@ func extractLayers(ctx context.Context, tree string, layers []layerSource, maxSi
 			if ctx.Err() != nil {
 				return x.Stats, ctx.Err()
 			}
-			return x.Stats, fmt.Errorf("%s: %w", l.name, err)
+			return x.Stats, withName(l.name, l.name, err)
 		}
 	}
 	if err := x.finish(); err != nil {
