@@ -101,8 +101,12 @@ type layerSource struct {
 // default image (mount points, /tmp, /etc/hostname, /etc/hosts) but keeps
 // its own users, owners and modes (device nodes are left out: the guest's
 // /dev is a devtmpfs); it must have a /bin/sh for the guest's x86-64
-// kernel. The image and its manifest are made beside Out and renamed into
-// it once complete: a failure leaves Out as it was.
+// kernel. Every blob of an OCI image is verified against its digest as it
+// is read, and each layer's tar stream against its diff ID; metadata is
+// read up to MaxMetadata, and what the import writes is bounded by
+// MaxSize. The image and its manifest are made beside Out and renamed into
+// it once complete: a failure leaves Out as it was, and removes the work
+// directory.
 func Import(ctx context.Context, o ImportOptions) (res *ImportResult, err error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
