@@ -6,7 +6,7 @@
 //
 //	nether-guest build --agent bin/nether-agent [--cache ~/.cache/nether/kernel] --out build/guest [--busybox /bin/busybox]
 //	nether-guest rootfs [--cache ~/.cache/nether/rootfs] --out build/guest [--format erofs|squashfs|ext4] [--packages a,b,c]
-//	nether-guest import (--tar FILE | --oci-layout DIR | --docker-archive FILE | --image REF) --out DIR [--format erofs|squashfs|ext4] [--name NAME]
+//	nether-guest import (--tar FILE | --oci-layout DIR | --docker-archive FILE | --image REF) --out DIR [--format erofs|squashfs|ext4] [--name NAME] [--max-size 8G]
 package main
 
 import (
@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -29,14 +30,14 @@ import (
 const usage = `usage: nether-guest build --agent PATH [--cache DIR] --out DIR [--busybox PATH] [--modules a,b,c] [-v]
        nether-guest rootfs [--cache DIR] --out DIR [--format erofs|squashfs|ext4] [--packages a,b,c] [-v]
        nether-guest import (--tar FILE | --oci-layout DIR | --docker-archive FILE | --image REF)
-                           --out DIR [--format erofs|squashfs|ext4] [--name NAME] [-v]
+                           --out DIR [--format erofs|squashfs|ext4] [--name NAME] [--max-size SIZE] [-v]
 
 Each writes into --out; rootfs and import write rootfs.img and its manifest
 rootfs.json, which nether.conf selects with rootfs = DIR/rootfs.img.
 nether-guest COMMAND -h describes a command's flags.
 `
 
-const importUsage = `usage: nether-guest import SOURCE --out DIR [--format erofs|squashfs|ext4] [--name NAME] [-v]
+const importUsage = `usage: nether-guest import SOURCE --out DIR [--format erofs|squashfs|ext4] [--name NAME] [--max-size SIZE] [-v]
 
 Makes a guest root image from another system's root file system, writing
 DIR/rootfs.img and DIR/rootfs.json (boot it with rootfs = DIR/rootfs.img in
@@ -55,10 +56,19 @@ users, owners and modes (run as root to keep owners); device nodes are left
 out; mount points, /tmp and /etc/hosts are made as the guest needs them.
 It must have a /bin/sh for x86-64: the guest runs every command with it.
 
+Every blob of an OCI image (index, manifest, config, layer) is checked
+against its digest as it is read, and each layer's tar stream against its
+config's diff ID; a manifest that is no image's (a Helm chart) is refused.
+Metadata files are read up to 4 MiB. --max-size bounds the bytes the
+import writes (every file's declared size, summed over the layers; the
+uncompressed tar streams are bounded at twice it).
+
 An archive entry that is absolute, has a .. component, is a link out of the
-root or would be written through a symlink, an image for another platform,
-one without /bin/sh and a truncated archive are refused, naming the cause;
-nothing is written to DIR then.
+root or would be written through a symlink, a whiteout naming no file or
+one outside its directory, an image for another platform, one without
+/bin/sh, a blob that is not what its digest names, an import past its
+bound and a truncated archive are refused, naming the cause; nothing is
+written to DIR then.
 
 Flags:
 `
@@ -207,6 +217,8 @@ func importImage(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	out := fs.String("out", "", "output directory (required): rootfs.img and rootfs.json go there")
 	format := fs.String("format", string(rootimage.DefaultFormat), "file system: erofs, squashfs or ext4")
 	name := fs.String("name", "", "the image's name in its manifest (default: the source's)")
+	maxSize := sizeFlag(rootimage.DefaultMaxSize)
+	fs.Var(&maxSize, "max-size", "the most the import may write: the sizes of its files, summed over the layers (bytes, or with K, M, G, T)")
 	verbose := fs.Bool("v", false, "debug logging, and mkfs's output")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -244,7 +256,7 @@ func importImage(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	tools, log := imageTools(*verbose, stderr)
 
 	start := time.Now()
-	res, err := rootimage.Import(ctx, rootimage.ImportOptions{Source: srcs[0], Out: *out, Format: f, Name: *name, Log: log, Tools: tools})
+	res, err := rootimage.Import(ctx, rootimage.ImportOptions{Source: srcs[0], Out: *out, Format: f, Name: *name, Log: log, Tools: tools, MaxSize: int64(maxSize)})
 	if err != nil {
 		return fmt.Errorf("importing %s: %w", srcs[0], err)
 	}
@@ -259,6 +271,46 @@ func importImage(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	fmt.Fprintf(stdout, " (extract %.1fs, mkfs %.1fs, %.2fs)\nboot it with rootfs = %s\n", res.Extract.Seconds(), res.MakeFS.Seconds(), time.Since(start).Seconds(), res.Image)
 	return nil
+}
+
+// sizeFlag is a byte count: 8G, 512M, 1.5G, 4096; K, M, G and T are
+// binary (KiB, MiB, ...), with or without "iB" or "B".
+type sizeFlag int64
+
+func (s *sizeFlag) String() string { return strconv.FormatInt(int64(*s), 10) }
+
+func (s *sizeFlag) Set(v string) error {
+	n, err := parseSize(v)
+	if err != nil {
+		return err
+	}
+	*s = sizeFlag(n)
+	return nil
+}
+
+func parseSize(v string) (int64, error) {
+	num := strings.TrimSpace(v)
+	upper := strings.ToUpper(num)
+	shift := 0
+	for _, suf := range []string{"IB", "B"} {
+		if strings.HasSuffix(upper, suf) && len(upper) > len(suf) {
+			upper = strings.TrimSuffix(upper, suf)
+			break
+		}
+	}
+	if i := strings.IndexAny(upper, "KMGT"); i >= 0 && i == len(upper)-1 {
+		shift = 10 * (1 + strings.IndexByte("KMGT", upper[i]))
+		upper = upper[:i]
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(upper), 64)
+	if err != nil || f <= 0 || f != f {
+		return 0, fmt.Errorf("size %q is not a positive number of bytes, K, M, G or T", v)
+	}
+	n := f * float64(int64(1)<<shift)
+	if n >= 1<<62 || n < 1 {
+		return 0, fmt.Errorf("size %q is out of range", v)
+	}
+	return int64(n), nil
 }
 
 // imageTools are the image builders' tools and logger: with -v, debug

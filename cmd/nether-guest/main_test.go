@@ -57,6 +57,8 @@ func TestImportRefusesBadArguments(t *testing.T) {
 		{"unknown format", []string{"--tar", "a.tar", "--format", "zfs"}, `unknown root image format "zfs"`},
 		{"stray argument", []string{"--tar", "a.tar", "extra"}, "unexpected arguments"},
 		{"missing tarball", []string{"--tar", "/nonexistent/a.tar"}, "no such file or directory"},
+		{"bad max size", []string{"--tar", "a.tar", "--max-size", "lots"}, `size "lots" is not a positive number`},
+		{"zero max size", []string{"--tar", "a.tar", "--max-size", "0"}, `size "0" is not a positive number`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -74,6 +76,31 @@ func TestImportRefusesBadArguments(t *testing.T) {
 	}
 }
 
+// TestParseSize: --max-size takes bytes or binary K, M, G, T.
+func TestParseSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64 // 0: an error
+	}{
+		{"4096", 4096}, {"8G", 8 << 30}, {"8GiB", 8 << 30}, {"8gb", 8 << 30}, {"512M", 512 << 20},
+		{"1.5G", 3 << 29}, {"2T", 2 << 40}, {"1K", 1024}, {"100B", 100},
+		{"", 0}, {"G", 0}, {"-1G", 0}, {"0", 0}, {"8X", 0}, {"NaN", 0}, {"1e30", 0}, {"8GG", 0},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := parseSize(tc.in)
+			if tc.want == 0 {
+				if err == nil {
+					t.Fatalf("parseSize(%q) = %d, want an error", tc.in, got)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("parseSize(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
+
 // TestImportHelp: -h describes the sources and the errors.
 func TestImportHelp(t *testing.T) {
 	var stdout, stderr bytes.Buffer
@@ -81,7 +108,7 @@ func TestImportHelp(t *testing.T) {
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("err = %v", err)
 	}
-	for _, want := range []string{"--tar FILE", "--oci-layout DIR", "--docker-archive FILE", "--image REF", "rootfs = DIR/rootfs.img", "-format"} {
+	for _, want := range []string{"--tar FILE", "--oci-layout DIR", "--docker-archive FILE", "--image REF", "rootfs = DIR/rootfs.img", "-format", "-max-size", "digest"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("help lacks %q:\n%s", want, stderr.String())
 		}

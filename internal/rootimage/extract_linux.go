@@ -23,9 +23,11 @@ import (
 // written through nor have a file created under it: either is refused,
 // naming the link.
 type extractor struct {
-	dir   string // the tree, for messages and RemoveAll
-	root  int    // O_PATH fd of the tree
-	chown bool   // keep the archive's owners (root only)
+	ctx     context.Context
+	dir     string // the tree, for messages and RemoveAll
+	root    int    // O_PATH fd of the tree
+	chown   bool   // keep the archive's owners (root only)
+	maxSize int64  // the bytes the files may take, summed: ImportOptions.MaxSize
 
 	// layer holds the paths the current layer wrote: an OCI whiteout
 	// hides only what the layers below put there.
@@ -52,13 +54,13 @@ type ExtractStats struct {
 	Whiteouts int // OCI whiteouts applied
 }
 
-func newExtractor(dir string) (*extractor, error) {
+func newExtractor(ctx context.Context, dir string, maxSize int64) (*extractor, error) {
 	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("opening the tree %s: %w", dir, err)
 	}
 	return &extractor{
-		dir: dir, root: fd, chown: os.Geteuid() == 0,
+		ctx: ctx, dir: dir, root: fd, chown: os.Geteuid() == 0, maxSize: maxSize,
 		layer: map[string]bool{}, dirs: map[string]*tar.Header{}, cachedFd: -1,
 	}, nil
 }
@@ -171,7 +173,11 @@ func (x *extractor) entry(hdr *tar.Header, r io.Reader, oci bool) error {
 		return err
 	}
 	if oci {
-		if dir, hidden, opaque, ok := whiteout(rel); ok {
+		dir, hidden, opaque, ok, err := whiteout(rel)
+		if err != nil {
+			return err
+		}
+		if ok {
 			return x.whiteout(rel, dir, hidden, opaque)
 		}
 	}
@@ -195,6 +201,11 @@ func (x *extractor) entry(hdr *tar.Header, r io.Reader, oci bool) error {
 		// multi-volume parts) is no file of a root.
 		x.Stats.Other++
 		return nil
+	}
+	if hdr.Typeflag == tar.TypeReg {
+		if err := x.checkSize(hdr); err != nil {
+			return err
+		}
 	}
 	dir, base := path.Split(rel)
 	dir = strings.TrimSuffix(dir, "/")
@@ -281,6 +292,12 @@ func (x *extractor) clear(dfd int, dir, base string, isDir bool) error {
 // RemoveAll follows none. The cached directory fd is dropped only when it
 // is rel or below it: callers hold the fd of rel's parent.
 func (x *extractor) remove(rel string) error {
+	// Every caller's rel is an entry's clean path; this is the last
+	// line before RemoveAll, which must never reach the tree itself or
+	// beyond it (the work directory, say).
+	if p, err := entryPath(rel); err != nil || p != rel || p == "." {
+		return unsafef("refusing to remove %q: not a path inside the tree", rel)
+	}
 	if x.cachedDir == rel || strings.HasPrefix(x.cachedDir, rel+"/") {
 		x.forget()
 	}
@@ -295,17 +312,37 @@ func (x *extractor) remove(rel string) error {
 	return nil
 }
 
+// checkSize refuses an entry whose declared size (a sparse file's whole
+// length) would take the files written past the import's bound, before
+// a byte of it is written.
+func (x *extractor) checkSize(hdr *tar.Header) error {
+	if hdr.Size < 0 || hdr.Size > x.maxSize-x.Stats.Bytes {
+		return tooBig("entry %q declares %s: writing it would take the import past its bound of %s written (--max-size), with %s written before it",
+			hdr.Name, formatSize(hdr.Size), formatSize(x.maxSize), formatSize(x.Stats.Bytes))
+	}
+	return nil
+}
+
 func (x *extractor) file(dfd int, base, rel string, hdr *tar.Header, r io.Reader) error {
 	fd, err := unix.Openat(dfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("creating %q: %w", rel, err)
 	}
 	f := os.NewFile(uintptr(fd), filepath.Join(x.dir, rel))
-	n, err := io.Copy(f, r)
+	// The archive's reads and the tree's writes fail for different
+	// reasons (a truncated archive; a full disk): say which.
+	src := &errReader{r: r}
+	n, err := io.Copy(f, src)
 	x.Stats.Bytes += n
 	if err != nil {
 		f.Close()
-		return &readError{entry: hdr.Name, err: err}
+		if errors.Is(src.err, errTooBig) {
+			return fmt.Errorf("entry %q: %w", hdr.Name, src.err)
+		}
+		if src.err != nil {
+			return &readError{entry: hdr.Name, err: src.err}
+		}
+		return fmt.Errorf("writing %q into the tree %s (after %s of it): %w", rel, x.dir, formatSize(n), err)
 	}
 	if x.chown {
 		if err := f.Chown(hdr.Uid, hdr.Gid); err != nil {
@@ -402,14 +439,12 @@ func setXattrs(fd int, hdr *tar.Header) {
 	}
 }
 
-// whiteout applies an OCI whiteout found at rel.
+// whiteout applies an OCI whiteout found at rel; whiteout (tarpath.go)
+// has refused one that names no file of dir, or names one outside it.
 func (x *extractor) whiteout(rel, dir, hidden string, opaque bool) error {
 	x.Stats.Whiteouts++
-	if !opaque && (hidden == "" || hidden == "." || strings.HasPrefix(hidden, whiteoutPrefix)) {
-		if strings.HasPrefix(hidden, whiteoutPrefix) {
-			return nil // AUFS's own metadata (.wh..wh.plnk and the like)
-		}
-		return unsafef("whiteout %q names no file", rel)
+	if !opaque && strings.HasPrefix(hidden, whiteoutPrefix) {
+		return nil // AUFS's own metadata (.wh..wh.plnk and the like)
 	}
 	dfd, err := x.openDir(dir, opaque)
 	if err != nil {
@@ -440,6 +475,9 @@ func (x *extractor) removeLower(dir string) error {
 		return fmt.Errorf("opaque whiteout in %q: %w", dir, err)
 	}
 	for _, e := range ents {
+		if err := x.ctx.Err(); err != nil {
+			return err
+		}
 		p := path.Join(dir, e.Name())
 		switch {
 		case !x.layer[p]:
@@ -507,6 +545,20 @@ func (x *extractor) finish() error {
 	return nil
 }
 
+// errReader remembers its reader's error.
+type errReader struct {
+	r   io.Reader
+	err error
+}
+
+func (e *errReader) Read(p []byte) (int, error) {
+	n, err := e.r.Read(p)
+	if err != nil && err != io.EOF {
+		e.err = err
+	}
+	return n, err
+}
+
 // readError is a failure to read an archive's bytes (not to write them).
 type readError struct {
 	entry string
@@ -527,6 +579,9 @@ func (x *extractor) extractTar(r io.Reader, oci bool) error {
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			return nil
+		}
+		if errors.Is(err, errTooBig) || (err != nil && x.ctx.Err() != nil) {
+			return err
 		}
 		if err != nil {
 			return &readError{entry: last, err: err}
@@ -556,14 +611,45 @@ func typeName(t byte) string {
 	return fmt.Sprintf("entry of type %q", t)
 }
 
+// maxTrailer bounds what a layer's tar stream may hold after the
+// archive's end: its end blocks and the padding to a record (GNU tar's
+// are 10 KiB), not a gigabyte of zeros to decompress.
+const maxTrailer = 1 << 20
+
+// streamBound counts the uncompressed bytes of the layers' tar streams
+// and fails the read that takes them past max.
+type streamBound struct {
+	r      io.Reader
+	n, max *int64
+}
+
+func (b streamBound) Read(p []byte) (int, error) {
+	if *b.n >= *b.max {
+		return 0, tooBig("the layers' uncompressed tar streams are over %s, twice the import's bound on what it writes (--max-size): a decompression bomb, or an image too big for the bound",
+			formatSize(*b.max))
+	}
+	if rest := *b.max - *b.n; int64(len(p)) > rest {
+		p = p[:rest]
+	}
+	n, err := b.r.Read(p)
+	*b.n += int64(n)
+	return n, err
+}
+
 // extractLayers writes the layers into tree, bottom first, and then the
-// directories' metadata.
-func extractLayers(ctx context.Context, tree string, layers []layerSource) (ExtractStats, error) {
-	x, err := newExtractor(tree)
+// directories' metadata. The files' sizes are bounded by maxSize, the
+// tar streams by twice it.
+func extractLayers(ctx context.Context, tree string, layers []layerSource, maxSize int64) (ExtractStats, error) {
+	x, err := newExtractor(ctx, tree, maxSize)
 	if err != nil {
 		return ExtractStats{}, err
 	}
 	defer x.Close()
+	var streamed int64
+	streamMax := 2 * maxSize
+	if streamMax < maxSize { // overflow
+		streamMax = maxSize
+	}
 	for _, l := range layers {
 		if err := ctx.Err(); err != nil {
 			return x.Stats, err
@@ -571,16 +657,22 @@ func extractLayers(ctx context.Context, tree string, layers []layerSource) (Extr
 		x.startLayer()
 		rc, err := l.open(ctx)
 		if err != nil {
-			return x.Stats, fmt.Errorf("opening %s: %w", l.name, truncated(err, l.name))
+			return x.Stats, withName(l.name, "opening "+l.name, truncated(err, l.name))
 		}
-		r := ctxReader{ctx, rc}
+		r := ctxReader{ctx, streamBound{r: rc, n: &streamed, max: &streamMax}}
 		err = x.extractTar(r, l.oci)
 		if err == nil {
 			// The rest of the stream: tar's end blocks, the padding, and
 			// the compressor's trailer, whose checksum and length tell a
 			// truncated or altered stream from a whole one.
-			if _, cerr := io.Copy(io.Discard, r); cerr != nil {
+			n, cerr := io.Copy(io.Discard, io.LimitReader(r, maxTrailer+1))
+			switch {
+			case errors.Is(cerr, errCorrupt) || errors.Is(cerr, errTruncated) || errors.Is(cerr, errTooBig):
+				err = cerr // a verifying reader's verdict on the whole layer
+			case cerr != nil:
 				err = &readError{entry: "(after the last entry)", err: cerr}
+			case n > maxTrailer:
+				err = tooBig("more than %s follows the end of its tar archive: a layer ends with its end blocks and padding", formatSize(maxTrailer))
 			}
 		}
 		if cerr := rc.Close(); err == nil && cerr != nil {
@@ -588,13 +680,13 @@ func extractLayers(ctx context.Context, tree string, layers []layerSource) (Extr
 		}
 		if err != nil {
 			var re *readError
-			if errors.As(err, &re) {
+			if errors.As(err, &re) && !errors.Is(err, errTooBig) {
 				return x.Stats, truncated(err, l.name)
 			}
 			if ctx.Err() != nil {
 				return x.Stats, ctx.Err()
 			}
-			return x.Stats, fmt.Errorf("%s: %w", l.name, err)
+			return x.Stats, withName(l.name, l.name, err)
 		}
 	}
 	if err := x.finish(); err != nil {

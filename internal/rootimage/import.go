@@ -68,6 +68,13 @@ type ImportOptions struct {
 	Name   string // recorded in the manifest; "" names it after the source
 	Log    *slog.Logger
 	Tools  FSMaker // nil: ExecTools with its output discarded; ExecTools's mkfs is looked for first
+	// MaxSize bounds the bytes the import writes into its tree: the
+	// sizes every file entry declares, summed over every layer (a file
+	// a later layer replaces or hides still counts), sparse files at
+	// their full length. The layers' uncompressed tar streams are
+	// bounded at twice it (their headers and padding count there), and
+	// what follows a layer's end at maxTrailer. 0 is DefaultMaxSize.
+	MaxSize int64
 }
 
 // ImportResult reports an Import.
@@ -94,8 +101,12 @@ type layerSource struct {
 // default image (mount points, /tmp, /etc/hostname, /etc/hosts) but keeps
 // its own users, owners and modes (device nodes are left out: the guest's
 // /dev is a devtmpfs); it must have a /bin/sh for the guest's x86-64
-// kernel. The image and its manifest are made beside Out and renamed into
-// it once complete: a failure leaves Out as it was.
+// kernel. Every blob of an OCI image is verified against its digest as it
+// is read, and each layer's tar stream against its diff ID; metadata is
+// read up to MaxMetadata, and what the import writes is bounded by
+// MaxSize. The image and its manifest are made beside Out and renamed into
+// it once complete: a failure leaves Out as it was, and removes the work
+// directory.
 func Import(ctx context.Context, o ImportOptions) (res *ImportResult, err error) {
 	if o.Log == nil {
 		o.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -120,8 +131,15 @@ func Import(ctx context.Context, o ImportOptions) (res *ImportResult, err error)
 	if o.Name == "" {
 		o.Name = defaultName(o.Source)
 	}
+	if o.MaxSize == 0 {
+		o.MaxSize = DefaultMaxSize
+	}
+	if o.MaxSize < 0 {
+		return nil, fmt.Errorf("a maximum size of %d bytes", o.MaxSize)
+	}
 	m := &Manifest{Format: o.Format, Name: o.Name, Source: o.Source.String()}
 	var layers []layerSource
+	var oci *image
 	switch o.Source.Kind {
 	case SourceTar:
 		if err := notDir(o.Source.Path); err != nil {
@@ -133,17 +151,14 @@ func Import(ctx context.Context, o ImportOptions) (res *ImportResult, err error)
 		if o.Source.Kind == SourceImage {
 			where = o.Source.Ref
 		}
-		img, err := ociImage(ctx, o.Source)
-		if err != nil {
+		if oci, err = findImage(ctx, o.Source); err != nil {
 			return nil, err
 		}
-		if m.Platform, err = checkPlatform(img, where); err != nil {
+		defer oci.Close()
+		if m.Platform, err = checkPlatform(oci.config, where); err != nil {
 			return nil, err
 		}
-		if d, err := img.Digest(); err == nil {
-			m.Digest = d.String()
-		}
-		if layers, err = ociLayers(img); err != nil {
+		if layers, err = ociLayers(oci); err != nil {
 			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 	default:
@@ -195,8 +210,17 @@ func Import(ctx context.Context, o ImportOptions) (res *ImportResult, err error)
 	}
 	t := time.Now()
 	o.Log.Info("extracting", "source", o.Source.String(), "layers", len(layers))
-	if res.Stats, err = extractLayers(ctx, tree, layers); err != nil {
+	if res.Stats, err = extractLayers(ctx, tree, layers, o.MaxSize); err != nil {
 		return nil, err
+	}
+	if oci != nil {
+		// Known only now for a docker save archive: the digests of the
+		// layers as read.
+		d, err := oci.Digest()
+		if err != nil {
+			return nil, err
+		}
+		m.Digest = d.String()
 	}
 	if res.Stats.Entries == 0 {
 		return nil, fmt.Errorf("%s holds no files", o.Source)
@@ -342,7 +366,7 @@ func openTarball(p string) func(context.Context) (io.ReadCloser, error) {
 		if err != nil {
 			return nil, err
 		}
-		rc, err := decompress(ctx, f)
+		rc, _, err := decompress(ctx, f, f)
 		if err != nil {
 			f.Close()
 			return nil, err
@@ -359,29 +383,35 @@ var (
 	magicBzip2 = []byte("BZh")
 )
 
-// decompress returns the tar stream of f; closing it closes f.
-func decompress(ctx context.Context, f *os.File) (io.ReadCloser, error) {
-	br := bufio.NewReaderSize(f, 1<<16)
-	magic, _ := br.Peek(6)
+// decompress returns the tar stream of r, decompressed as its first
+// bytes say, and whether it was compressed; closing it closes f.
+func decompress(ctx context.Context, r io.Reader, f io.Closer) (io.ReadCloser, bool, error) {
+	br := bufio.NewReaderSize(r, 1<<16)
+	magic, err := br.Peek(6)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, false, err // a verifying reader's refusal, say
+	}
 	switch {
 	case bytes.HasPrefix(magic, magicGzip):
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return nil, fmt.Errorf("gzip: %w", err)
+			return nil, false, fmt.Errorf("gzip: %w", err)
 		}
-		return &closers{Reader: zr, close: []io.Closer{zr, f}}, nil
+		return &closers{Reader: zr, close: []io.Closer{zr, f}}, true, nil
 	case bytes.HasPrefix(magic, magicZstd):
-		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1))
+		// The window bounds the decoder's memory whatever the frame says.
+		zr, err := zstd.NewReader(br, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxWindow(128<<20))
 		if err != nil {
-			return nil, fmt.Errorf("zstd: %w", err)
+			return nil, false, fmt.Errorf("zstd: %w", err)
 		}
-		return &closers{Reader: zr, close: []io.Closer{zr.IOReadCloser(), f}}, nil
+		return &closers{Reader: zr, close: []io.Closer{zr.IOReadCloser(), f}}, true, nil
 	case bytes.HasPrefix(magic, magicXz):
-		return xzReader(ctx, br, f)
+		rc, err := xzReader(ctx, br, f)
+		return rc, true, err
 	case bytes.HasPrefix(magic, magicBzip2):
-		return &closers{Reader: bzip2.NewReader(br), close: []io.Closer{f}}, nil
+		return &closers{Reader: bzip2.NewReader(br), close: []io.Closer{f}}, true, nil
 	}
-	return &closers{Reader: br, close: []io.Closer{f}}, nil
+	return &closers{Reader: br, close: []io.Closer{f}}, false, nil
 }
 
 type closers struct {
@@ -399,7 +429,7 @@ func (c *closers) Close() error {
 
 // xzReader decompresses with xz(1): Go's standard library has no xz, and
 // xz-utils is on every machine setup prepares.
-func xzReader(ctx context.Context, r io.Reader, f *os.File) (io.ReadCloser, error) {
+func xzReader(ctx context.Context, r io.Reader, f io.Closer) (io.ReadCloser, error) {
 	if _, err := exec.LookPath("xz"); err != nil {
 		return nil, errors.New("the archive is xz-compressed and xz is not installed: install it with apt-get install xz-utils")
 	}
@@ -421,7 +451,7 @@ type xzStream struct {
 	cmd    *exec.Cmd
 	out    io.ReadCloser
 	stderr *bytes.Buffer
-	f      *os.File
+	f      io.Closer
 	done   bool
 	err    error
 }

@@ -3,6 +3,7 @@ package rootimage
 import (
 	"errors"
 	"fmt"
+	"path"
 	"strings"
 )
 
@@ -104,10 +105,14 @@ func hardlinkTarget(entry, linkname string) (string, error) {
 	return p, nil
 }
 
-// whiteout says what an OCI layer's entry name means for the layers below
-// it: ".wh..wh..opq" in a directory hides everything the lower layers put
-// there (opaque), ".wh.NAME" hides NAME. Other names are ordinary files.
-func whiteout(p string) (dir, hidden string, opaque, ok bool) {
+// whiteout says what an OCI layer's entry name (a clean relative path,
+// as entryPath returns) means for the layers below it: ".wh..wh..opq" in
+// a directory hides everything the lower layers put there (opaque),
+// ".wh.NAME" hides NAME. Other names are ordinary files. A whiteout that
+// names no file of its directory (".wh.", ".wh..") or one outside it
+// (".wh...") is refused: removing ".." would remove the directory above
+// the layer's tree.
+func whiteout(p string) (dir, hidden string, opaque, ok bool, err error) {
 	dir, base := "", p
 	if i := strings.LastIndexByte(p, '/'); i >= 0 {
 		dir, base = p[:i], p[i+1:]
@@ -116,12 +121,21 @@ func whiteout(p string) (dir, hidden string, opaque, ok bool) {
 		dir = "."
 	}
 	if !strings.HasPrefix(base, whiteoutPrefix) {
-		return "", "", false, false
+		return "", "", false, false, nil
 	}
 	if base == whiteoutOpaque {
-		return dir, "", true, true
+		return dir, "", true, true, nil
 	}
-	return dir, base[len(whiteoutPrefix):], false, true
+	hidden = base[len(whiteoutPrefix):]
+	switch {
+	case hidden == "" || hidden == ".":
+		return "", "", false, false, unsafef("whiteout %q names no file", p)
+	case hidden == "..":
+		return "", "", false, false, unsafef("whiteout %q names %q, which is outside its directory", p, path.Join(dir, hidden))
+	case strings.ContainsAny(hidden, "/\x00"):
+		return "", "", false, false, unsafef("whiteout %q names no file of its directory", p)
+	}
+	return dir, hidden, false, true, nil
 }
 
 // The OCI image spec's whiteout names (image-spec layer.md).

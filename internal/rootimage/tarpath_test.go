@@ -82,7 +82,7 @@ func TestWhiteout(t *testing.T) {
 		{"etc/.whx", "", "", false, false},
 	} {
 		t.Run(tc.p, func(t *testing.T) {
-			dir, hidden, opaque, ok := whiteout(tc.p)
+			dir, hidden, opaque, ok, _ := whiteout(tc.p)
 			if dir != tc.dir || hidden != tc.hidden || opaque != tc.opaque || ok != tc.ok {
 				t.Fatalf("whiteout(%q) = %q, %q, %v, %v", tc.p, dir, hidden, opaque, ok)
 			}
