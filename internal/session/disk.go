@@ -281,7 +281,7 @@ func (s *Session) namedAgentErr(err error) error {
 	if !errors.As(err, &de) {
 		return err
 	}
-	return fmt.Errorf("the disk %s %s; nether never repairs a disk: check it on the host (e2fsck), or point disk = at another file", s.diskPath, de.Problem)
+	return fmt.Errorf("the disk %s %s; %s", s.diskPath, de.Problem, disk.NeverRepairs)
 }
 
 // endOnDiskError ends the sandbox when err, the agent's refusal, is a
