@@ -379,18 +379,29 @@ func (n *Nexus) settle(sb *store.Sandbox) {
 }
 
 // lastFinal is the last final usage record in dir's nether.out.
-func lastFinal(dir string) string {
-	b, err := os.ReadFile(filepath.Join(dir, outFile))
-	if err != nil {
-		return ""
-	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+func lastFinal(dir string) string { return finalSince(dir, 0) }
+
+// finalSince is the last final usage record in dir's nether.out from
+// byte from on.
+func finalSince(dir string, from int64) string {
+	lines := strings.Split(strings.TrimSpace(readFrom(filepath.Join(dir, outFile), from)), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
 		if strings.HasPrefix(lines[i], "[nether] ") {
 			return lines[i]
 		}
 	}
 	return ""
+}
+
+// failedReason reports whether a final record's reason is a failure
+// (nether's exit status 1): the engine or the sandbox failed, or its
+// guest crashed.
+func failedReason(reason string) bool {
+	switch reason {
+	case "error", "guest_panic", "guest_crash":
+		return true
+	}
+	return false
 }
 
 // finalReason is reason=<r> of a final record.

@@ -3,6 +3,7 @@ package nexus
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -118,4 +119,76 @@ func TestCapBuffer(t *testing.T) {
 	if len(c.b) != MaxBufferedOutput || !c.truncated {
 		t.Fatalf("kept %d, truncated %v; want %d, true", len(c.b), c.truncated, MaxBufferedOutput)
 	}
+}
+
+// TestEndedWhileStarting: a launch whose nether ended is told by what
+// that nether wrote, not by an earlier session's lines in the same files:
+// its final record, and its last logged error (the err= of slog's line,
+// unquoted).
+func TestEndedWhileStarting(t *testing.T) {
+	const (
+		earlierOut = "[nether] final usage (reason=shutdown): uptime_ms=9\n"
+		earlierLog = "time=t level=ERROR msg=\"an earlier session's\" err=old\n"
+	)
+	for _, tc := range []struct {
+		name, out, log string
+		failed         bool
+		cause, err     string
+	}{
+		{"a disk the guest cannot use",
+			"[nether] final usage (reason=error): uptime_ms=1\n",
+			"time=t level=INFO msg=\"guest starting\"\ntime=t level=ERROR msg=\"nether stopped on an error\" err=\"the disk /s/disk.img is not a usable ext4 file system: the guest's kernel would not mount it (invalid argument): EXT4-fs (vdb): \\\"bad\\\" geometry\"\n",
+			true, `the disk /s/disk.img is not a usable ext4 file system: the guest's kernel would not mount it (invalid argument): EXT4-fs (vdb): "bad" geometry`,
+			`sandbox sb: its nether ended while starting (reason=error): the disk /s/disk.img is not`},
+		{"an unquoted err", "[nether] final usage (reason=guest_panic): uptime_ms=1\n", "time=t level=ERROR msg=x err=panicked other=1\n",
+			true, "panicked", "(reason=guest_panic): panicked"},
+		{"an error line without err=", "", "time=t level=ERROR msg=\"no err\"\n",
+			false, `time=t level=ERROR msg="no err"`, "sandbox sb: its nether ended while starting: time=t"},
+		{"nether's own words", "", "nether: nether.conf:2: ram_mb: \"lots\" is not a whole number\n",
+			false, `nether: nether.conf:2: ram_mb: "lots" is not a whole number`, "while starting: nether: nether.conf:2"},
+		{"a stop, not a failure", "[nether] final usage (reason=sigterm): uptime_ms=1\n", "",
+			false, "see ", "(reason=sigterm): see "},
+		{"a malformed quote", "", "time=t level=ERROR msg=x err=\"unterminated\n",
+			false, `time=t level=ERROR msg=x err="unterminated`, "while starting"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			os.WriteFile(filepath.Join(dir, outFile), []byte(earlierOut), 0o600)
+			os.WriteFile(filepath.Join(dir, logFile), []byte(earlierLog), 0o600)
+			from := outputsAt(dir)
+			appendTo(t, filepath.Join(dir, outFile), tc.out)
+			appendTo(t, filepath.Join(dir, logFile), tc.log)
+			e := &EndedError{Sandbox: "sb", Final: finalSince(dir, from.out), Cause: tellWhy(dir, from.log)}
+			if e.Failed() != tc.failed || !strings.HasPrefix(e.Cause, tc.cause) || !strings.Contains(e.Error(), tc.err) {
+				t.Fatalf("failed %v, cause %q, error %q; want %v, %q, %q", e.Failed(), e.Cause, e.Error(), tc.failed, tc.cause, tc.err)
+			}
+		})
+	}
+}
+
+func appendTo(t *testing.T, path, text string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(text); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FuzzLogErr: any err value slog quotes comes back as it was, and no
+// line makes logErr panic.
+func FuzzLogErr(f *testing.F) {
+	f.Add(`the disk /s/disk.img is not a usable ext4 file system: "x"`, "time=t level=ERROR msg=x err=\"unterminated")
+	f.Add("", " err=")
+	f.Add("\x00\xff\n\"", "level=ERROR err=plain more=1")
+	f.Fuzz(func(t *testing.T, value, line string) {
+		logErr(line)
+		got, ok := logErr(`time=t level=ERROR msg="m" err=` + strconv.Quote(value) + " k=v")
+		if !ok || got != value {
+			t.Fatalf("logErr of a quoted %q: %q, %v", value, got, ok)
+		}
+	})
 }

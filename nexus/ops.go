@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -283,6 +284,9 @@ func (n *Nexus) launch(ctx context.Context, sb *Sandbox, restoreFrom string) err
 	if err := os.WriteFile(filepath.Join(dir, conf.FileName), []byte(text), 0o600); err != nil {
 		return err
 	}
+	// Where this nether's output begins: the files keep every earlier
+	// session's too.
+	from := outputsAt(dir)
 	pid, start, err := n.spawn(dir, secrets)
 	if err != nil {
 		return err
@@ -301,22 +305,59 @@ func (n *Nexus) launch(ctx context.Context, sb *Sandbox, restoreFrom string) err
 		terminate(pid, start, 10*time.Second)
 		return err
 	}
-	if err := n.waitReady(ctx, sb); err != nil {
+	if err := n.waitReady(ctx, sb, from); err != nil {
 		return err
 	}
 	n.delivered(sb, wake)
 	return nil
 }
 
+// outputs are offsets into a sandbox's nether.out and nether.log.
+type outputs struct{ out, log int64 }
+
+// outputsAt is where dir's nether.out and nether.log end now.
+func outputsAt(dir string) outputs {
+	size := func(name string) int64 {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			return 0
+		}
+		return fi.Size()
+	}
+	return outputs{out: size(outFile), log: size(logFile)}
+}
+
+// EndedError is a launch whose nether ended before its guest came up.
+type EndedError struct {
+	Sandbox string
+	// Final is the final usage record that nether printed ("" if it
+	// printed none); Cause is the last error it logged, or where to
+	// look.
+	Final, Cause string
+}
+
+func (e *EndedError) Error() string {
+	if r := finalReason(e.Final); r != "" {
+		return fmt.Sprintf("sandbox %s: its nether ended while starting (reason=%s): %s", e.Sandbox, r, e.Cause)
+	}
+	return fmt.Sprintf("sandbox %s: its nether ended while starting: %s", e.Sandbox, e.Cause)
+}
+
+// Failed reports whether the nether said it failed (reason=error, or
+// its guest crashed), rather than ended without a word.
+func (e *EndedError) Failed() bool { return failedReason(finalReason(e.Final)) }
+
 // waitReady waits until the sandbox's agent is connected, its nether
-// ends (an error naming its log) or the ready timeout passes.
-func (n *Nexus) waitReady(ctx context.Context, sb *Sandbox) error {
+// ends (an EndedError, with what it said from from on) or the ready
+// timeout passes.
+func (n *Nexus) waitReady(ctx context.Context, sb *Sandbox, from outputs) error {
 	ctx, cancel := context.WithTimeout(ctx, n.readyTimeout)
 	defer cancel()
 	sock := filepath.Join(n.sandboxDir(sb.ID), sockName)
 	for {
 		if !alive(sb.PID, sb.PIDStart) {
-			return fmt.Errorf("sandbox %s: its nether ended while starting: %s", sb.Ref(), n.tellWhy(sb))
+			dir := n.sandboxDir(sb.ID)
+			return &EndedError{Sandbox: sb.Ref(), Final: finalSince(dir, from.out), Cause: tellWhy(dir, from.log)}
 		}
 		if c, err := client.Dial(ctx, sock); err == nil {
 			agent := c.Info()["agent"]
@@ -333,17 +374,57 @@ func (n *Nexus) waitReady(ctx context.Context, sb *Sandbox) error {
 	}
 }
 
-// tellWhy is the last error nether logged, or where to look.
-func (n *Nexus) tellWhy(sb *Sandbox) string {
-	path := filepath.Join(n.sandboxDir(sb.ID), logFile)
-	b, _ := os.ReadFile(path)
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+// tellWhy is the last error the nether in dir logged from byte from of
+// its log on (its err= when the line has one), or where to look.
+func tellWhy(dir string, from int64) string {
+	path := filepath.Join(dir, logFile)
+	lines := strings.Split(strings.TrimSpace(readFrom(path, from)), "\n")
 	for i := len(lines) - 1; i >= 0; i-- {
-		if strings.Contains(lines[i], "level=ERROR") || strings.HasPrefix(lines[i], "nether:") {
+		if strings.Contains(lines[i], "level=ERROR") {
+			if e, ok := logErr(lines[i]); ok {
+				return e
+			}
+			return lines[i]
+		}
+		if strings.HasPrefix(lines[i], "nether:") {
 			return lines[i]
 		}
 	}
 	return "see " + path
+}
+
+// logErr is the err= value of a log line of slog's text handler, which
+// quotes a value as strconv.Quote does when it must.
+func logErr(line string) (string, bool) {
+	_, v, ok := strings.Cut(line, " err=")
+	if !ok || v == "" {
+		return "", false
+	}
+	if v[0] != '"' {
+		v, _, _ = strings.Cut(v, " ")
+		return v, true
+	}
+	q, err := strconv.QuotedPrefix(v)
+	if err != nil {
+		return "", false
+	}
+	e, err := strconv.Unquote(q)
+	return e, err == nil
+}
+
+// readFrom is the file at path from byte from on ("" if it cannot be
+// read).
+func readFrom(path string, from int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if _, err := f.Seek(from, io.SeekStart); err != nil {
+		return ""
+	}
+	b, _ := io.ReadAll(f)
+	return string(b)
 }
 
 // Start boots a created or stopped sandbox.
@@ -358,6 +439,13 @@ func (n *Nexus) Start(ctx context.Context, ref string) (*Sandbox, error) {
 	err = n.launch(ctx, sb, "")
 	if err != nil {
 		n.abandon(sb)
+		var ended *EndedError
+		if errors.As(err, &ended) && ended.Failed() {
+			// Its nether said why it could not run (a disk it
+			// cannot use, say): every start would fail the same way
+			// until that is mended.
+			sb.State, sb.Reason, sb.Final = lifecycle.Error, ended.Cause, ended.Final
+		}
 	}
 	n.audit(evBoot, sb, "", err)
 	return sb, n.finish(sb, lifecycle.Running, err)

@@ -16,9 +16,9 @@ import (
 // initSystem does what an init does before anything else can run: the
 // kernel gives PID 1 an empty rootfs with no mounts.
 //
-// problems are what the host must hear about (hello's Problem): what was
-// asked for and could not be set up, such as the persistent disk.
-func initSystem(log *slog.Logger) (params map[string]string, problems []string, err error) {
+// probs are what the host must hear about in hello: what was asked for
+// and could not be set up.
+func initSystem(log *slog.Logger) (params map[string]string, probs problems, err error) {
 	var errs []error
 	// /proc, /sys and /dev first: the command line, the modules and the
 	// root image's device need them; a root switch carries them along.
@@ -48,7 +48,7 @@ func initSystem(log *slog.Logger) (params map[string]string, problems []string, 
 		}
 		if err := mountData(); err != nil {
 			errs = append(errs, err)
-			problems = append(problems, err.Error())
+			probs.disk = err.what
 		}
 	}
 	if err := linkUp("lo"); err != nil {
@@ -69,30 +69,15 @@ func initSystem(log *slog.Logger) (params map[string]string, problems []string, 
 	}
 	os.Setenv("PATH", "/bin:/sbin:/usr/bin:/usr/sbin")
 	os.Setenv("HOME", "/root")
-	return params, problems, errors.Join(errs...)
+	return params, probs, errors.Join(errs...)
 }
 
-// dataDir is where the persistent disk is mounted.
-const dataDir = "/data"
-
-// dataSerial is engine.DataDiskSerial.
-const dataSerial = "nether-data"
-
-// mountData mounts the persistent disk at /data, synchronously: every
-// write reaches the disk (and a flush, the host's file) before the write
-// returns, so what a program wrote survives the sandbox being killed.
-func mountData() error {
-	dev, err := waitBlockDevice(dataSerial, rootDeviceWait)
-	if err != nil {
-		return fmt.Errorf("the persistent disk: %w", err)
-	}
-	if err := os.MkdirAll(dataDir, 0o777); err != nil {
-		return fmt.Errorf("the persistent disk: %w", err)
-	}
-	if err := unix.Mount(dev, dataDir, "ext4", unix.MS_SYNCHRONOUS|unix.MS_NODEV|unix.MS_NOSUID, ""); err != nil {
-		return fmt.Errorf("mounting the persistent disk %s on %s: %w", dev, dataDir, err)
-	}
-	return nil
+// problems are what the guest could not set up as the host asked, for
+// hello: disk (DiskProblem) ends the sandbox; setup (Problem) refuses
+// every command.
+type problems struct {
+	setup []string
+	disk  string
 }
 
 type mount struct {

@@ -24,15 +24,15 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	startMS := uptimeMS()
 	var (
-		params   map[string]string
-		problems []string
+		params map[string]string
+		probs  problems
 	)
 	if os.Getpid() == 1 {
 		// First of all: until then a stray signal ends the guest.
 		ignoreSignals()
 		// /proc/cmdline exists only once initSystem has mounted /proc.
 		var err error
-		if params, problems, err = initSystem(log); err != nil {
+		if params, probs, err = initSystem(log); err != nil {
 			log.Error("agent: preparing the guest failed", "err", err)
 		}
 	} else {
@@ -49,7 +49,7 @@ func main() {
 		// Unknown user: no command runs at all, rather than as root.
 		if err := policy.narrow(name, passwdFile, groupFile); err != nil {
 			log.Error("agent: run_as", "err", err)
-			problems = append(problems, err.Error())
+			probs.setup = append(probs.setup, err.Error())
 			policyFailed = true
 		}
 	}
@@ -90,12 +90,12 @@ func main() {
 	a := newAgent(log, r, mux, func() { powerOff(log) })
 	a.policy, a.console = policy, console
 	if err := a.prepareRunDirs(); err != nil {
-		problems = append(problems, err.Error())
+		probs.setup = append(probs.setup, err.Error())
 	}
 	if hello, err := mux.Open(agentproto.Request{
 		Op: agentproto.OpHello, Version: agentproto.Version, Boot: bootID(),
 		StartMS: startMS, ModulesMS: modulesMS, HelloMS: uptimeMS(),
-		Problem: strings.Join(problems, "; "),
+		Problem: strings.Join(probs.setup, "; "), DiskProblem: probs.disk,
 	}.Encode()); err == nil {
 		hello.CloseWrite(nil)
 	}

@@ -77,7 +77,7 @@ func waitBlockDevice(serial string, wait time.Duration) (string, error) {
 			}
 		}
 		if time.Now().After(deadline) {
-			return "", fmt.Errorf("the root image's block device (serial %s) did not appear within %s", serial, wait)
+			return "", fmt.Errorf("the block device with serial %s did not appear within %s", serial, wait)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}

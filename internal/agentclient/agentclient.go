@@ -117,6 +117,10 @@ func (c *Client) hello(_ context.Context, st *channel.Stream, req agentproto.Req
 		c.refuse(fmt.Errorf("the guest agent speaks agent protocol %d, this nether speaks %d: rebuild the guest image (scripts/setup.sh)", req.Version, agentproto.Version))
 		return
 	}
+	if req.DiskProblem != "" {
+		c.refuse(&DiskError{Problem: agentproto.Printable(req.DiskProblem, 1024)})
+		return
+	}
 	if req.Problem != "" {
 		// The guest is not what nether.conf asked for (a run_as user it
 		// does not know, a disk it could not mount): running commands in
@@ -134,6 +138,17 @@ func (c *Client) hello(_ context.Context, st *channel.Stream, req agentproto.Req
 	}
 	c.markUp()
 }
+
+// DiskError is why WaitUp refuses a guest that could not mount its
+// persistent disk (hello's DiskProblem): nothing a command does mends the
+// disk, so the session ends the sandbox, naming its own file.
+type DiskError struct {
+	// Problem is the rest of a sentence whose subject is the disk ("is
+	// not a usable ext4 file system: ..."), in the guest's words.
+	Problem string
+}
+
+func (e *DiskError) Error() string { return "the guest's persistent disk " + e.Problem }
 
 // refuse marks the agent as one that cannot be driven, for why: WaitUp
 // answers with it from then on.

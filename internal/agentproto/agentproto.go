@@ -166,6 +166,13 @@ type Request struct {
 	// run_as user it does not know, a disk it could not mount): the host
 	// refuses to run commands in it and says why.
 	Problem string `json:"problem,omitempty"`
+	// DiskProblem (hello) is what is wrong with the persistent disk the
+	// guest could not mount, as the rest of a sentence whose subject is
+	// the disk ("is not a usable ext4 file system: ..."). Nothing a
+	// command does mends it, so the host ends the sandbox, naming its
+	// own file. (An agent that predates it reports the disk in Problem,
+	// which refuses every command: nothing is misread.)
+	DiskProblem string `json:"disk_problem,omitempty"`
 	// Seed is what a reseed mixes into the guest's entropy pool:
 	// MinSeed to MaxSeed random bytes.
 	Seed Text `json:"seed,omitempty"`

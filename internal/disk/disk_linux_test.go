@@ -122,6 +122,95 @@ func TestPrepareRefusesBadFiles(t *testing.T) {
 	}
 }
 
+// An ext4 disk whose superblock the kernel would refuse (written over,
+// or the file cut short) is refused before any boot, saying what is wrong
+// and that nether never repairs it, and left as it was.
+func TestPrepareRefusesDamagedSuperblock(t *testing.T) {
+	needTools(t)
+	dir := t.TempDir()
+	fresh := func(t *testing.T, name string, mkfs ...string) string {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		os.WriteFile(path, nil, 0o600)
+		os.Truncate(path, 16*MiB)
+		args := append([]string{"-q", "-F", "-t", "ext4"}, mkfs...)
+		if out, err := exec.Command(mustSbin(t, "mke2fs"), append(args, path)...).CombinedOutput(); err != nil {
+			t.Fatalf("mke2fs: %s %v", out, err)
+		}
+		return path
+	}
+	write := func(t *testing.T, path string, off int64, b []byte) {
+		t.Helper()
+		f, err := os.OpenFile(path, os.O_RDWR, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		if _, err := f.WriteAt(b, off); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T) string
+		want   string
+	}{
+		{"counts written over", func(t *testing.T) string {
+			p := fresh(t, "counts.img")
+			write(t, p, sbOffset, bytes.Repeat([]byte{0xde, 0xad}, 0x18))
+			return p
+		}, "superblock's checksum is"},
+		{"checksum type written over", func(t *testing.T) string {
+			p := fresh(t, "type.img")
+			write(t, p, sbOffset+sbChecksumType, []byte{7})
+			return p
+		}, "names checksum type 7, not crc32c"},
+		{"truncated", func(t *testing.T) string {
+			p := fresh(t, "cut.img")
+			os.Truncate(p, 12*MiB)
+			return p
+		}, "counts 16384 blocks of 1024 bytes (16 MiB), the file holds 12 MiB (truncated?)"},
+		{"cut inside its superblock", func(t *testing.T) string {
+			p := fresh(t, "tiny.img")
+			os.Truncate(p, 1500)
+			return p
+		}, "the file ends at byte 1500, inside its superblock"},
+		{"block size written over, no checksums", func(t *testing.T) string {
+			p := fresh(t, "bs.img", "-O", "^metadata_csum")
+			write(t, p, sbOffset+sbLogBlockSize, []byte{0xee, 0xff, 0, 0})
+			return p
+		}, "block size (log 65518) is out of range"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := tc.damage(t)
+			before, _ := os.ReadFile(path)
+			l, _, err := Prepare(context.Background(), path, 8)
+			if err == nil {
+				l.Close()
+				t.Fatal("accepted")
+			}
+			for _, w := range []string{"the disk " + path + " is not a usable ext4 file system: ", tc.want, NeverRepairs} {
+				if !strings.Contains(err.Error(), w) {
+					t.Fatalf("error %q lacks %q", err, w)
+				}
+			}
+			if after, _ := os.ReadFile(path); !bytes.Equal(before, after) {
+				t.Fatal("the refused file was changed")
+			}
+		})
+	}
+	// The same superblocks undamaged, 64BIT's high block count word
+	// included, are accepted.
+	for _, mkfs := range [][]string{nil, {"-O", "^metadata_csum"}, {"-O", "64bit", "-b", "4096"}} {
+		p := fresh(t, "ok.img", mkfs...)
+		l, _, err := Prepare(context.Background(), p, 8)
+		if err != nil {
+			t.Fatalf("an undamaged disk (mke2fs %v): %v", mkfs, err)
+		}
+		l.Close()
+	}
+}
+
 // A disk that cannot be written is refused, not opened read-only.
 func TestPrepareRefusesUnwritable(t *testing.T) {
 	needTools(t)
@@ -181,7 +270,9 @@ func TestSniff(t *testing.T) {
 }
 
 // FuzzSniff: any first bytes of a file are classified or refused, never
-// a panic, and a qcow2 or ext4 answer has the magic it claims.
+// a panic, and a qcow2 or ext4 answer has the magic it claims (and an
+// ext4 one a whole superblock the kernel would mount). The corpus holds
+// the first 2 KiB of a real mke2fs image (ext4_superblock).
 func FuzzSniff(f *testing.F) {
 	q := make([]byte, 64)
 	copy(q, qcow2Magic)
@@ -206,8 +297,10 @@ func FuzzSniff(f *testing.F) {
 		case err != nil:
 		case format == QCOW2 && !bytes.HasPrefix(b, []byte(qcow2Magic)):
 			t.Fatalf("qcow2 without its magic: %q", b[:min(8, len(b))])
-		case format == Raw && (len(b) < sbOffset+0x68 || b[sbOffset+sbMagicOff] != 0x53):
-			t.Fatal("ext4 without its superblock magic")
+		case format == Raw && (len(b) < sbOffset+sbLen || b[sbOffset+sbMagicOff] != 0x53):
+			t.Fatal("ext4 without its superblock magic, or with part of a superblock")
+		case format == Raw && checkSuperblock(b[sbOffset:sbOffset+sbLen], int64(len(b))) != nil:
+			t.Fatal("ext4 with a superblock the kernel would refuse")
 		}
 	})
 }

@@ -20,7 +20,7 @@ func (s *Session) WaitAgent(ctx context.Context) error {
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	}
-	return s.agent.WaitUp(ctx)
+	return s.namedAgentErr(s.agent.WaitUp(ctx))
 }
 
 // Exec implements control.Backend.

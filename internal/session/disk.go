@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/nethersandbox/nether/internal/agentclient"
 	"github.com/nethersandbox/nether/internal/disk"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/snapshot"
@@ -270,6 +271,28 @@ func (s *Session) restoreDisk(ctx context.Context, spec *engine.Spec, art *snaps
 	s.holdDisk(lock, sec.Live)
 	spec.Disk = &engine.Disk{Path: sec.Live, QCOW2: format == disk.QCOW2}
 	return nil
+}
+
+// namedAgentErr puts the disk's host file into a refusal of a guest that
+// could not mount it (the guest knows only its block device), with what
+// the user can do; any other err is returned as it is.
+func (s *Session) namedAgentErr(err error) error {
+	var de *agentclient.DiskError
+	if !errors.As(err, &de) {
+		return err
+	}
+	return fmt.Errorf("the disk %s %s; %s", s.diskPath, de.Problem, disk.NeverRepairs)
+}
+
+// endOnDiskError ends the sandbox when err, the agent's refusal, is a
+// guest that could not mount its disk.
+func (s *Session) endOnDiskError(err error) {
+	var de *agentclient.DiskError
+	if !errors.As(err, &de) {
+		return
+	}
+	// Run logs it as the session's end.
+	s.fail(s.namedAgentErr(err))
 }
 
 func (s *Session) holdDisk(l *disk.Lock, path string) {

@@ -21,7 +21,6 @@ import (
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/guestimage"
-	"github.com/nethersandbox/nether/internal/meter"
 	"github.com/nethersandbox/nether/internal/snapshot"
 )
 
@@ -255,7 +254,7 @@ func (s *Session) install(m engine.Machine, mux *channel.Mux, comps components) 
 			// stream has failed, and the sandbox ends saying why.
 			err := mux.Err()
 			s.log.Error("channel: the guest stopped answering on the channel; ending the sandbox", "err", err)
-			s.stopFor(meter.ReasonError, err)
+			s.fail(err)
 		case <-s.ctx.Done():
 		}
 	}()

@@ -53,12 +53,18 @@ func (s *Session) lifeStart() {
 		what, v.snapshot, v.parent, s.art.Meta.Identity.Generation, v.identity.SandboxID, v.identity.Hostname, v.identity.Generation)
 }
 
-// watchAgent records when the guest agent comes up.
+// watchAgent records when the guest agent comes up, and ends the
+// sandbox when its guest could not mount the persistent disk: nothing a
+// command does mends that, so a sandbox that ran on would refuse every
+// command forever.
 func (s *Session) watchAgent() {
-	select {
-	case <-s.agent.Up():
+	err := s.agent.WaitUp(s.ctx)
+	switch {
+	case err == nil:
 		s.life("agent_up")
-	case <-s.ctx.Done():
+	case s.ctx.Err() != nil:
+	default:
+		s.endOnDiskError(err)
 	}
 }
 

@@ -170,10 +170,9 @@ type Session struct {
 	mu   sync.Mutex // guards view
 	view view       // what __info__ reports; changes as the session assembles
 
-	stopCh    chan string // a stop request carrying its reason
+	stopCh    chan stopRequest
 	stopOnce  sync.Once
-	stopWhy   atomic.Pointer[string] // what the stop's ERR lines say, when more than its reason
-	captureMu sync.Mutex             // one capture at a time; the stop path takes it too
+	captureMu sync.Mutex // one capture at a time; the stop path takes it too
 }
 
 // view is the session's public face, read by __info__ while the machine
@@ -213,7 +212,7 @@ func Run(opt Options) int {
 	}
 	s := &Session{
 		opt: opt, cfg: opt.Config, log: opt.Log,
-		stopCh: make(chan string, 1), ready: make(chan struct{}), restored: make(chan struct{}),
+		stopCh: make(chan stopRequest, 1), ready: make(chan struct{}), restored: make(chan struct{}),
 	}
 	s.meter = meter.New(opt.Now, s.cfg.RAMMB, s.cfg.CPUs)
 	// Who the sandbox is is known before anything starts, so __info__
@@ -340,7 +339,7 @@ func (s *Session) run() (reason string, err error) {
 			}
 			engineDone, consoleDone = s.machine.Done(), s.consoleDone
 		case sig := <-sigs:
-			return s.stopDuringAssembly(signalReason(sig), assembled)
+			return s.stopDuringAssembly(stopRequest{reason: signalReason(sig)}, assembled)
 		case r := <-s.stopCh:
 			return s.stopDuringAssembly(r, assembled)
 		}
@@ -351,11 +350,7 @@ func (s *Session) run() (reason string, err error) {
 		<-consoleDone
 		reason, err := s.endReason(s.machine.Err())
 		s.life("stopping reason=%s", reason)
-		why := reason
-		if err != nil {
-			why += ": " + err.Error()
-		}
-		s.stopControl(why)
+		s.stopControl(stopRequest{reason, err}.why())
 		// A capture the engine's death interrupted removes its partial
 		// artifact before the process ends.
 		s.holdCaptures()
@@ -365,11 +360,12 @@ func (s *Session) run() (reason string, err error) {
 		reason = signalReason(sig)
 		s.log.Info("signal received; stopping", "signal", sig)
 		s.life("stopping reason=%s", reason)
-	case reason = <-s.stopCh:
+	case r := <-s.stopCh:
+		reason, err = r.reason, r.err
 	}
-	s.teardown(reason)
+	s.teardown(stopRequest{reason, err})
 	<-consoleDone
-	return reason, nil
+	return reason, err
 }
 
 // endReason names how a machine that ended by itself ended: a power-off
@@ -400,12 +396,12 @@ func signalReason(sig os.Signal) string {
 // stopDuringAssembly ends a session whose machine is not up yet: cancel
 // everything, wait (bounded, since every wait in assembly is) for the
 // assembly to give up, and let the deferred quit stop whatever started.
-func (s *Session) stopDuringAssembly(reason string, assembled <-chan error) (string, error) {
-	s.log.Info("stopping while the sandbox is still starting", "reason", reason)
-	s.stopControl(s.whyStop(reason))
+func (s *Session) stopDuringAssembly(r stopRequest, assembled <-chan error) (string, error) {
+	s.log.Info("stopping while the sandbox is still starting", "reason", r.reason)
+	s.stopControl(r.why())
 	s.cancel(errStopping)
 	<-assembled
-	return reason, nil
+	return r.reason, r.err
 }
 
 // teardown is an orderly stop of a running machine: close the control
@@ -413,11 +409,11 @@ func (s *Session) stopDuringAssembly(reason string, assembled <-chan error) (str
 // or clean up after itself (a SIGTERM must not leave half an artifact, and
 // a wedged engine must not hold the stop), then ask the guest to power
 // off, then make sure it is gone.
-func (s *Session) teardown(reason string) {
-	s.stopControl(s.whyStop(reason))
+func (s *Session) teardown(r stopRequest) {
+	s.stopControl(r.why())
 	s.holdCaptures()
 	defer s.captureMu.Unlock()
-	if reason == meter.ReasonPark {
+	if r.reason == meter.ReasonPark {
 		// The guest must never run again: its future is the park.
 		s.quitMachine()
 		return
@@ -535,27 +531,33 @@ func (n neverFail) Write(p []byte) (int, error) {
 }
 
 // stop asks the session to end with reason; the first request wins.
-func (s *Session) stop(reason string) { s.stopFor(reason, nil) }
+func (s *Session) stop(reason string) { s.stopFor(stopRequest{reason: reason}) }
 
-// stopFor is stop with a cause, which the ERR lines of the commands the
-// stop ends name after the reason.
-func (s *Session) stopFor(reason string, cause error) {
+// fail ends the session on err, which nothing the session can do mends:
+// reason=error (exit status 1), err in nether's log and in the ERR line
+// of every command still in flight.
+func (s *Session) fail(err error) { s.stopFor(stopRequest{meter.ReasonError, err}) }
+
+func (s *Session) stopFor(r stopRequest) {
 	s.stopOnce.Do(func() {
-		if cause != nil {
-			why := reason + ": " + cause.Error()
-			s.stopWhy.Store(&why)
-		}
-		s.life("stopping reason=%s", reason)
-		s.stopCh <- reason
+		s.life("stopping reason=%s", r.reason)
+		s.stopCh <- r
 	})
 }
 
-// whyStop is what the ERR lines of a stop for reason say.
-func (s *Session) whyStop(reason string) string {
-	if why := s.stopWhy.Load(); why != nil {
-		return *why
+// stopRequest is a stop asked of run: its reason, and for a failure
+// (fail) what failed.
+type stopRequest struct {
+	reason string
+	err    error
+}
+
+// why is what the clients hear: "sandbox stopping: <why>".
+func (r stopRequest) why() string {
+	if r.err == nil {
+		return r.reason
 	}
-	return reason
+	return r.reason + ": " + r.err.Error()
 }
 
 // setView updates what __info__ reports.

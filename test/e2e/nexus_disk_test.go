@@ -147,3 +147,51 @@ func TestNexusDisk(t *testing.T) {
 	}
 	step("done")
 }
+
+// TestNexusDiskCorrupt: a start on a disk damaged while the sandbox was
+// stopped fails soon, with the reason (which disk, what is wrong), and
+// the record goes to error, saying the same; rm still takes it away. The
+// damage is one the host's check refuses before any boot (the
+// superblock), and one only the guest's kernel finds (the inode table).
+func TestNexusDiskCorrupt(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, disk string)
+	}{
+		{"superblock", func(t *testing.T, disk string) { scribble(t, disk, 1024, 0x30) }},
+		{"inode table", func(t *testing.T, disk string) {
+			bs, itable := ext4Layout(t, disk)
+			scribble(t, disk, itable*bs, 4*bs)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := newNexus(t)
+			x.must("create", "--name", "cor", "--ram-mb", "256", "--disk-size-mb", "32", "--start")
+			x.must("exec", "cor", "--", "echo kept > /data/x")
+			x.must("stop", "cor")
+			sb := x.inspectDisk("cor")
+			tc.damage(t, sb.Disk)
+
+			began := time.Now()
+			want := "the disk " + sb.Disk + " is not a usable ext4 file system"
+			x.refused(1, []string{"start", "cor"}, "sandbox cor: its nether ended while starting (reason=error): "+want)
+			took := time.Since(began)
+			t.Logf("nexus start on the damaged disk failed in %s", took.Round(100*time.Millisecond))
+			if took > corruptEndWithin {
+				t.Errorf("nexus start took %s to fail, want at most %s", took, corruptEndWithin)
+			}
+			rec := x.inspect("cor")
+			t.Logf("the record: %s, reason %q", rec.State, rec.Reason)
+			if rec.State != "error" || !strings.Contains(rec.Reason, want) {
+				t.Errorf("after the failed start the record is %s, reason %q; want error, naming the disk", rec.State, rec.Reason)
+			}
+			if pids := nethersIn(x.dir); len(pids) != 0 {
+				t.Errorf("nethers still run: %v", pids)
+			}
+			x.must("rm", "cor")
+			if sbs := x.list(); len(sbs) != 0 {
+				t.Errorf("after rm: %+v", sbs)
+			}
+		})
+	}
+}

@@ -85,6 +85,9 @@ type Faults struct {
 	// AgentVersion is the protocol version the agent's hello claims; 0 is
 	// agentproto.Version.
 	AgentVersion int
+	// DiskProblem is what the booted agent's hello says is wrong with the
+	// persistent disk, as an agent that could not mount it says.
+	DiskProblem string
 	// OldAgent: the agent predates reseed requests and refuses them as
 	// an unknown operation, as an agent built before them does.
 	OldAgent bool
@@ -663,7 +666,7 @@ func (m *Machine) hello() {
 	if v == 0 {
 		v = agentproto.Version
 	}
-	st, err := m.guest.Open(agentproto.Request{Op: agentproto.OpHello, Version: v, Boot: "fake"}.Encode())
+	st, err := m.guest.Open(agentproto.Request{Op: agentproto.OpHello, Version: v, Boot: "fake", DiskProblem: m.fault().DiskProblem}.Encode())
 	if err != nil {
 		return
 	}
