@@ -175,14 +175,18 @@ func (d *Decoder) reserve(n int) {
 	if cap(d.buf)-len(d.buf) >= n {
 		return
 	}
+	// The unparsed bytes (part of a frame, perhaps an open: see next)
+	// leave no copy behind where they were.
 	unparsed := len(d.buf) - d.off
 	if unparsed+n <= cap(d.buf) {
 		copy(d.buf, d.buf[d.off:])
+		clear(d.buf[max(unparsed, d.off):])
 		d.buf, d.off = d.buf[:unparsed], 0
 		return
 	}
 	nb := make([]byte, unparsed, max(unparsed+n, 2*cap(d.buf)))
 	copy(nb, d.buf[d.off:])
+	clear(d.buf[d.off:])
 	d.buf, d.off = nb, 0
 }
 
@@ -245,6 +249,14 @@ func (d *Decoder) next() (*frame, error) {
 				f.payload = make([]byte, n)
 			}
 			copy(f.payload, p)
+			if t == typeOpen {
+				// An open's metadata may carry secrets (a provision, a
+				// restore handshake): its only copy is the payload, which
+				// its reader zeroes when done, never the bytes it was
+				// parsed from, which stay in a reused buffer (or the
+				// bulk lane) until overwritten.
+				clear(p)
+			}
 		}
 		return f, nil
 	}
