@@ -20,6 +20,13 @@ const (
 	secretsDir   = "/run/secrets"
 )
 
+// scrub zeroes what a request held of secrets: its metadata and the
+// values decoded from it.
+func scrub(meta []byte, secrets agentproto.Secrets) {
+	clear(meta)
+	secrets.Wipe()
+}
+
 // provision serves OpProvision: a booted guest's identity and secrets,
 // before the host lets any command run.
 func (a *agent) provision(s *channel.Stream, req agentproto.Request) {
@@ -69,7 +76,7 @@ func (a *agent) owner() (int, int) {
 // secrets came: a fork's handshake, so a child never reads its parent's.
 // The secrets belong to the run_as user (root without one), mode 0400
 // in a 0500 directory: the tenant's commands read them, nobody else.
-func (a *agent) provisionFiles(id *agentproto.Identity, secrets map[string]agentproto.Text, wipe bool) error {
+func (a *agent) provisionFiles(id *agentproto.Identity, secrets agentproto.Secrets, wipe bool) error {
 	a.runDirs.mu.Lock()
 	defer a.runDirs.mu.Unlock()
 	prepared := a.runDirs.ready // at boot: /run/nether exists too
@@ -176,13 +183,13 @@ func wipeSecrets(dir string) error {
 // writeSecrets writes each secret to dir/NAME, which must exist. The
 // names were checked when the request was decoded
 // (agentproto.CheckSecrets): one file name each, none starting with '.'.
-func writeSecrets(dir string, secrets map[string]agentproto.Text, uid, gid int) error {
+func writeSecrets(dir string, secrets agentproto.Secrets, uid, gid int) error {
 	for _, name := range agentproto.SecretNames(secrets) {
 		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
 		if err != nil {
 			return fmt.Errorf("secret %s: %w", name, err)
 		}
-		_, werr := f.Write([]byte(secrets[name]))
+		_, werr := f.Write(secrets[name])
 		var oerr error
 		if uid != 0 || gid != 0 {
 			oerr = f.Chown(uid, gid)

@@ -171,7 +171,7 @@ type Request struct {
 	// Secrets (provision, restored) replace /run/secrets. A fork's
 	// handshake always empties /run/secrets first: a child never keeps
 	// its parent's secrets, only those its own admission supplied.
-	Secrets map[string]Text `json:"secrets,omitempty"`
+	Secrets Secrets `json:"secrets,omitempty"`
 }
 
 // Encode returns the request as stream metadata.

@@ -19,10 +19,10 @@ const testDigest = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789ab
 // secrets its own start supplied; the secrets' values are never logged.
 func TestIdentityAndSecrets(t *testing.T) {
 	eng := fake.New(slog.Default())
-	withSecrets := func(s map[string]agentproto.Text) func(*Options) {
+	withSecrets := func(s agentproto.Secrets) func(*Options) {
 		return func(o *Options) { o.Secrets = s }
 	}
-	parentSecrets := map[string]agentproto.Text{"API_KEY": "parent-value-\x00\xff"}
+	parentSecrets := agentproto.Secrets{"API_KEY": []byte("parent-value-\x00\xff")}
 	sb := start(t, eng, "", "sandbox_id = parent-1\nnode_id = node-7\nboot_id = boot-parent\nplan_digest = "+testDigest+"\nidentity_token = tok.parent\n",
 		withSecrets(parentSecrets))
 	c := sb.dial()
@@ -48,7 +48,7 @@ func TestIdentityAndSecrets(t *testing.T) {
 	sb.expectEnd(5*time.Second, 0, "shutdown")
 
 	base, _ := snapshotBase(t, eng, "base")
-	childSecrets := map[string]agentproto.Text{"API_KEY": "child-value"}
+	childSecrets := agentproto.Secrets{"API_KEY": []byte("child-value")}
 	_, fc, fm := restoreOf(t, eng, base, "node_id = node-7\nboot_id = boot-child\n", withSecrets(childSecrets))
 	finfo := infoOf(t, fc)
 	if finfo["boot_id"] != "boot-child" || fm.Identity().BootID != "boot-child" || fm.Identity().VMID != finfo["sandbox_id"] {

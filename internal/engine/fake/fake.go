@@ -232,7 +232,7 @@ type Machine struct {
 	// identity and secrets are what the last provision or handshake
 	// handed the agent (/run/nether/identity, /run/secrets).
 	identity agentproto.Identity
-	secrets  map[string]agentproto.Text
+	secrets  agentproto.Secrets
 
 	// The NIC's frame channel (nil without Spec.NIC): a new pair for
 	// every machine, a restore's too, as QEMU's.
@@ -459,7 +459,7 @@ func (m *Machine) Identity() agentproto.Identity {
 }
 
 // Secrets are /run/secrets as the guest's agent last wrote them.
-func (m *Machine) Secrets() map[string]agentproto.Text {
+func (m *Machine) Secrets() agentproto.Secrets {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.secrets
