@@ -37,6 +37,16 @@ func (a *agent) provision(s *channel.Stream, req agentproto.Request) {
 	s.CloseWrite([]byte("ok 0 " + agentproto.Provisioned))
 }
 
+// withdraw serves OpWithdraw: /run/secrets emptied, each file zeroed
+// before it goes, before a capture copies the guest's memory.
+func (a *agent) withdraw(s *channel.Stream) {
+	if err := a.provisionFiles(nil, nil, true); err != nil {
+		s.Reset("withdraw: " + err.Error())
+		return
+	}
+	s.CloseWrite([]byte("ok 0 " + agentproto.Withdrawn))
+}
+
 // runDirs is what the agent knows of the directories identity and
 // secrets go to. Everything done first after a restore runs slowly under
 // TCG (each new code path is translated anew, each ms-scale: measured by
@@ -148,9 +158,11 @@ func writeIdentity(path string, id agentproto.Identity) error {
 	return nil
 }
 
-// wipeSecrets overwrites every secret file with zeros, in place, before
-// removing it: tmpfs frees the page without clearing it, and a freed
-// page is still in the memory a later capture saves.
+// wipeSecrets overwrites every secret file with zeros, in place, and
+// truncates it before removing it: tmpfs frees the page without clearing
+// it, and a freed page is still in the memory a later capture saves. A
+// file it could not zero is named in the error (and removed all the
+// same: the tenant must not keep reading it).
 func wipeSecrets(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -163,11 +175,8 @@ func wipeSecrets(dir string) error {
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
 		if e.Type().IsRegular() {
-			if f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NOFOLLOW, 0); err == nil {
-				if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
-					f.WriteAt(make([]byte, fi.Size()), 0)
-				}
-				f.Close()
+			if err := zeroFile(p); err != nil {
+				errs = append(errs, err.Error())
 			}
 		}
 		if err := os.RemoveAll(p); err != nil {
@@ -176,6 +185,26 @@ func wipeSecrets(dir string) error {
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("secrets: removing the previous ones: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// zeroFile overwrites path's bytes with zeros, syncs and truncates it.
+func zeroFile(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("zeroing %s: %w", filepath.Base(path), err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err == nil && fi.Size() > 0 {
+		_, err = f.WriteAt(make([]byte, fi.Size()), 0)
+	}
+	if err == nil {
+		err = errors.Join(f.Sync(), f.Truncate(0))
+	}
+	if err != nil {
+		return fmt.Errorf("zeroing %s: %w", filepath.Base(path), err)
 	}
 	return nil
 }

@@ -130,6 +130,8 @@ func (a *agent) serve(s *channel.Stream) {
 		a.reseed(s, req)
 	case agentproto.OpProvision:
 		a.provision(s, req)
+	case agentproto.OpWithdraw:
+		a.withdraw(s)
 	case agentproto.OpConnect:
 		a.connect(s, req)
 	case agentproto.OpListen:

@@ -111,7 +111,17 @@ const (
 	// writes /run/nether/identity and /run/secrets/NAME and answers
 	// "ok 0 provisioned". A restore carries the same in OpRestored.
 	OpProvision = "provision"
+	// OpWithdraw empties /run/secrets, host -> agent: the agent zeroes
+	// each secret file in place, removes it and answers "ok 0
+	// withdrawn". A base capture withdraws the secrets before it copies
+	// the guest's memory and provisions them again once the guest runs
+	// on, so a base holds none of what the agent wrote. (Added without a
+	// bump, as OpReseed: an agent that predates it refuses it by name.)
+	OpWithdraw = "withdraw"
 )
+
+// Withdrawn is the word OpWithdraw's status ends with.
+const Withdrawn = "withdrawn"
 
 // The bounds of a reseed's Seed: at least a CRNG key's worth of
 // randomness, and no reason for more than a few.
@@ -187,7 +197,7 @@ func Decode(b []byte) (Request, error) {
 		return r, fmt.Errorf("decoding agent request: %w", err)
 	}
 	switch r.Op {
-	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen, OpReseed, OpProvision:
+	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen, OpReseed, OpProvision, OpWithdraw:
 		if r.Identity != nil {
 			if err := r.Identity.Check(); err != nil {
 				return r, err
