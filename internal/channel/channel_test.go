@@ -1006,3 +1006,26 @@ func TestDecoderLeavesNoCopyOfAnOpen(t *testing.T) {
 		})
 	}
 }
+
+// Filler (Mux.Pad) crosses the transport whole, in order, and the peer
+// discards it without a word: the stream opened after it arrives intact,
+// and nothing was skipped as garbage.
+func TestPadIsDiscardedInOrder(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	host.Pad(3 * MaxPayload)
+	s, err := host.Open([]byte("after the filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.CloseWrite([]byte("done"))
+	g := accept(t, guest)
+	if string(g.Meta()) != "after the filler" {
+		t.Fatalf("meta %q", g.Meta())
+	}
+	guest.mu.Lock()
+	skipped, in := guest.skipped, guest.bytesIn
+	guest.mu.Unlock()
+	if skipped != 0 || in > 1024 {
+		t.Errorf("the guest skipped %d bytes and counted %d payload bytes in: filler must be parsed and dropped", skipped, in)
+	}
+}

@@ -37,6 +37,8 @@ const (
 	// typeBulk is unsequenced: empty, "I read your half of the bulk lane";
 	// else a descriptor of a batch of frames in the sender's half (lane.go).
 	typeBulk byte = 8
+	// typePad is unsequenced filler the receiver discards (Mux.Pad).
+	typePad byte = 9
 )
 
 const (
@@ -219,7 +221,7 @@ func (d *Decoder) next() (*frame, error) {
 		}
 		n := int(binary.LittleEndian.Uint32(h[24:]))
 		t := h[2]
-		if n > MaxPayload || t < typeOpen || t > typeBulk {
+		if n > MaxPayload || t < typeOpen || t > typePad {
 			d.drop(1)
 			continue
 		}
@@ -242,7 +244,7 @@ func (d *Decoder) next() (*frame, error) {
 			d.Skipped += uint64(headerLen + n)
 			continue
 		}
-		if n > 0 {
+		if n > 0 && t != typePad {
 			if d.alloc != nil {
 				f.payload = d.alloc(n)
 			} else {

@@ -266,6 +266,11 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 	return res, nil
 }
 
+// portPad is the filler a capture sends before withdrawing secrets:
+// twice the guest's virtio-serial receive buffers (QEMU gives a port's
+// input queue 128 entries, the guest driver a page to each).
+const portPad = 2 * 128 * 4096
+
 // withdrawSecrets empties the guest's /run/secrets before a base is
 // captured and returns what gives them back (once: later calls do
 // nothing), to be called as soon as the guest runs on. A base is only
@@ -297,6 +302,10 @@ func (s *Session) withdrawSecrets(ctx context.Context, kind snapshot.Kind) (func
 		}
 		s.log.Info("secrets given back after the capture", "names", agentproto.SecretNames(req.Secrets))
 	}
+	// The port's receive buffers still hold the frame that delivered
+	// them (guest pages, reused in turn): filler through every one of
+	// them first, which the withdrawal's answer comes after.
+	s.mux.Pad(portPad)
 	if err := s.agent.Withdraw(ctx); err != nil {
 		giveBack() // some may be gone
 		return nil, fmt.Errorf("the guest still holds its secrets, which a base must not: %w", err)
