@@ -38,23 +38,12 @@ func (n *Nexus) WithSecrets(secrets map[string][]byte) *Nexus {
 // CheckSecrets refuses a set of secrets nether would refuse (names,
 // count, size), before anything starts.
 func CheckSecrets(secrets map[string][]byte) error {
-	return agentproto.CheckSecrets(asText(secrets))
-}
-
-func asText(secrets map[string][]byte) map[string]agentproto.Text {
-	if len(secrets) == 0 {
-		return nil
-	}
-	out := make(map[string]agentproto.Text, len(secrets))
-	for k, v := range secrets {
-		out[k] = agentproto.Text(v)
-	}
-	return out
+	return agentproto.CheckSecrets(secrets)
 }
 
 // secretNames are the names of what n delivers, sorted.
 func (n *Nexus) secretNames() []string {
-	return agentproto.SecretNames(asText(n.secrets))
+	return agentproto.SecretNames(n.secrets)
 }
 
 // unlistedSecrets names the secrets the plan does not list.
@@ -115,7 +104,7 @@ func (n *Nexus) secretsFile() (*os.File, error) {
 		return nil, fmt.Errorf("a memory file for the secrets: %w", err)
 	}
 	f := os.NewFile(uintptr(fd), "nether-secrets")
-	if _, err := f.Write(agentproto.EncodeSecrets(asText(n.secrets))); err != nil {
+	if _, err := f.Write(agentproto.EncodeSecrets(n.secrets)); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("writing the secrets to a memory file: %w", err)
 	}
