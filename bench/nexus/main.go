@@ -7,7 +7,8 @@
 //
 //   - fork on request from a warm pool -> first command answered, against
 //     a cold-process fork -> first command (both through the nexus
-//     package, alternating);
+//     package, alternating), and the same through the CLI (`nexus fork
+//     warm` against `nexus fork --no-pool warm`, a whole process each);
 //
 //   - `nexus ls` (the CLI, a whole process) with 1,000 records.
 //
@@ -110,8 +111,37 @@ func main() {
 		check(nx.Remove(ctx, kids[0].ID, true))
 		check(nx.Remove(ctx, coldKids[0].ID, true))
 	}
+	// 2b. The same through the CLI, as a platform's script forks: one
+	// whole nexus process per fork, then the child's first command.
+	var warmCLI, coldCLI []time.Duration
+	cli := func(args ...string) []string {
+		cmd := exec.Command(filepath.Join(bin, "nexus"), append([]string{"--state-dir", state}, args...)...)
+		cmd.Env = append(os.Environ(), "NEXUS_NETHER="+filepath.Join(bin, "nether"))
+		out, err := cmd.Output()
+		if err != nil {
+			fail(fmt.Errorf("nexus %s: %v\n%s", strings.Join(args, " "), err, out))
+		}
+		return forkedIDs(out)
+	}
+	for i := 0; i < *claims; i++ {
+		waitPool(ctx, nx, snap.ID, 2)
+		t0 := time.Now()
+		kid := cli("fork", "warm")[0]
+		check(harness.NexusTrue(state, kid))
+		warmCLI = append(warmCLI, time.Since(t0))
+		t0 = time.Now()
+		coldKid := cli("fork", "--no-pool", "warm")[0]
+		check(harness.NexusTrue(state, coldKid))
+		coldCLI = append(coldCLI, time.Since(t0))
+		check(nx.Remove(ctx, kid, true))
+		check(nx.Remove(ctx, coldKid, true))
+	}
 	_, err = nx.PoolSet(ctx, "warm", 0)
 	check(err)
+	wc, cc := harness.Sorted(warmCLI), harness.Sorted(coldCLI)
+	fmt.Printf("through the CLI, nexus fork -> first command (%d each): warm pool p50 %s p99 %s   nexus fork --no-pool p50 %s   (%.3fx; target <= 0.1x)\n",
+		len(wc), ms(harness.Percentile(wc, 50)), ms(harness.Percentile(wc, 99)), ms(harness.Percentile(cc, 50)),
+		float64(harness.Percentile(wc, 50))/float64(harness.Percentile(cc, 50)))
 	ws, cs := harness.Sorted(warm), harness.Sorted(cold)
 	fmt.Printf("fork on request -> first command (%d each): warm pool p50 %s p99 %s   cold-process fork p50 %s   (%.3fx; target <= 0.1x)\n",
 		len(ws), ms(harness.Percentile(ws, 50)), ms(harness.Percentile(ws, 99)), ms(harness.Percentile(cs, 50)),
