@@ -123,7 +123,9 @@ func TestParkedDiskStamp(t *testing.T) {
 func TestUnusableDiskEnds(t *testing.T) {
 	eng := fake.New(slog.Default())
 	const problem = "is not a usable ext4 file system: the guest's kernel would not mount it (invalid argument): EXT4-fs (vdb): Invalid log block size: 4022250974"
-	eng.SetFaults(fake.Faults{DiskProblem: problem})
+	// The hello comes late enough for the client to be connected when
+	// the sandbox ends on it (an instant one ended it before the dial).
+	eng.SetFaults(fake.Faults{DiskProblem: problem, HelloAfter: time.Second})
 	sb := start(t, eng, "", "disk = data.img\n")
 	c := sb.dial()
 	began := time.Now()

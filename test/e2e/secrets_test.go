@@ -69,7 +69,7 @@ func TestSecretsLeaveNoCopies(t *testing.T) {
 		t.Errorf("after the snapshot the parent's /run/secrets/API_KEY is %s, want %x", got, secret)
 	}
 
-	kid := strings.TrimSpace(x.must("fork", "s"))
+	kid := ids1(x.must("fork", "s"))
 	if got := x.must("exec", kid, "--", "ls -A /run/secrets"); got != "" {
 		t.Errorf("the fork's /run/secrets holds %q", got)
 	}

@@ -82,6 +82,9 @@ type Faults struct {
 	DieInCapture bool
 	// NoHello: the booted agent never says hello.
 	NoHello bool
+	// HelloAfter delays the booted agent's hello, as a slow boot does:
+	// time for a client to connect before it arrives.
+	HelloAfter time.Duration
 	// AgentVersion is the protocol version the agent's hello claims; 0 is
 	// agentproto.Version.
 	AgentVersion int
@@ -196,7 +199,11 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (engine.Machine, e
 		m.guest.Attach(guestCh, true)
 		m.startAgent()
 		close(m.running)
-		if !f.NoHello {
+		switch {
+		case f.NoHello:
+		case f.HelloAfter > 0:
+			time.AfterFunc(f.HelloAfter, m.hello)
+		default:
 			m.hello()
 		}
 		go fmt.Fprintf(guestCon, "fake guest booted: %s\n", spec.Cmdline)
