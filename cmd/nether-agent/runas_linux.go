@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -179,8 +178,8 @@ func setThreadFSCreds(u *account) error {
 	groups := make([]uint32, len(u.groups)+1)
 	groups[0] = u.gid
 	copy(groups[1:], u.groups)
-	if _, _, e := unix.RawSyscall(unix.SYS_SETGROUPS, uintptr(len(groups)), uintptr(unsafe.Pointer(&groups[0])), 0); e != 0 {
-		return fmt.Errorf("setgroups: %w", e)
+	if err := setThreadGroups(groups); err != nil {
+		return err
 	}
 	unix.RawSyscall(unix.SYS_SETFSGID, uintptr(u.gid), 0, 0)
 	unix.RawSyscall(unix.SYS_SETFSUID, uintptr(u.uid), 0, 0)

@@ -4,7 +4,6 @@ import (
 	"io"
 	"os"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -78,17 +77,4 @@ func (p *portReader) Read(b []byte) (int, error) {
 		return 0, io.EOF // no host on the other end right now
 	}
 	return n, nil
-}
-
-func readv(fd int, iovs []unix.Iovec) (int, error) {
-	for {
-		n, _, errno := unix.Syscall(unix.SYS_READV, uintptr(fd), uintptr(unsafe.Pointer(&iovs[0])), uintptr(len(iovs)))
-		switch errno {
-		case 0:
-			return int(n), nil
-		case unix.EINTR:
-			continue
-		}
-		return 0, errno
-	}
 }

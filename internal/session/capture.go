@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nethersandbox/nether/internal/agentproto"
+	"github.com/nethersandbox/nether/internal/cleanup"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/meter"
 	"github.com/nethersandbox/nether/internal/snapshot"
@@ -115,11 +116,16 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 			s.log.Warn("parking with undelivered bytes, as configured (park_dirty=1)", "why", err)
 		}
 	}
+	// What a capture that fails on the way undoes, last step first: the
+	// guest goes on (held.letGo), the precopy ends, the partial artifact
+	// goes, the secrets go back.
+	var undo cleanup.Cleanup
+	defer undo.Clean()
 	giveBack, err := s.withdrawSecrets(ctx, kind)
 	if err != nil {
 		return res, err
 	}
-	defer giveBack() // a capture that failed on the way
+	undo.Add(giveBack)
 	parent, base, err := s.jail.OpenParent(rel)
 	if err != nil {
 		return res, err
@@ -129,12 +135,7 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 	if err != nil {
 		return res, err
 	}
-	committed := false
-	defer func() {
-		if !committed {
-			w.Abort()
-		}
-	}()
+	undo.Add(func() { w.Abort() })
 
 	// 2: what the engine can copy while the guest runs.
 	var pausedAt time.Time
@@ -147,11 +148,10 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		}
 		precopy = time.Since(t)
 		abortPrecopy = pc.AbortPrecopy
-		defer abortPrecopy() // nothing once Capture finished it
+		undo.Add(abortPrecopy) // nothing once Capture finished it
 		// A command that began while the guest ran on is work in
 		// flight: the gate, again, without a wait.
 		if err := s.comps.quiescent(); err != nil && !s.cfg.SnapshotAllowDirty {
-			abortPrecopy()
 			return res, fmt.Errorf("guest not quiescent: %v (set snapshot_allow_dirty=1 to capture anyway)", err)
 		}
 	}
@@ -163,70 +163,53 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		start = pausedAt
 	}
 	s.comps.freeze()
+	// Whatever happens from here, a base goes on, and so does a park that
+	// failed before it was committed: the session goes on as if it had
+	// not been asked. The precopy ends before the guest goes on.
+	held := &heldGuest{s: s, ctx: ctx}
+	undo.Add(func() {
+		abortPrecopy()
+		held.letGo()
+	})
 	if kind == snapshot.KindPark && !s.cfg.ParkDirty {
 		// Bytes that reached a bridge between the gate and the freeze
 		// would be lost with the park: the gate, again, without a wait.
 		if err := s.comps.drained(); err != nil {
-			abortPrecopy()
-			s.comps.thaw()
 			return res, fmt.Errorf("undelivered bytes: %v (set park_dirty=1 to park anyway and lose them)", err)
 		}
 	}
 	if err := s.machine.Pause(ctx); err != nil {
-		abortPrecopy()
-		s.comps.thaw()
 		return res, fmt.Errorf("pausing the guest: %w", err)
 	}
-	// Whatever happens from here, a base resumes, and so does a park that
-	// failed before it was committed: the session goes on as if it had
-	// not been asked.
-	resumed := false
-	resumeGuest := func() {
-		if !resumed {
-			resumed = true
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			defer cancel()
-			if err := s.machine.Resume(rctx); err != nil {
-				s.log.Error("resuming after a capture failed", "err", err)
-			}
-			s.comps.thaw()
-			s.syncClock(rctx)
-		}
-	}
-	fail := func(err error) (captureResult, error) {
-		abortPrecopy()
-		resumeGuest()
-		return res, err
-	}
+	held.paused = true
 	paused := time.Now()
 	sections := map[string]snapshot.Section{}
-	s.diskComp.kind = kind
-	if err := s.comps.save(sections); err != nil {
-		return fail(err)
+	if err := s.comps.save(sections, kind); err != nil {
+		return res, err
 	}
 	captured, err := s.machine.Capture(ctx, w)
 	if err != nil {
-		return fail(err)
+		return res, err
 	}
 	sections[snapshot.SectionEngine] = snapshot.Section(captured.Section)
 	// The disk as it is now, copied while the guest runs on (a base):
 	// its memory and its disk agree in every fork.
 	diskCopied, err := s.startDiskCapture(ctx, kind, w)
 	if err != nil {
-		return fail(err)
+		return res, err
 	}
 	res.mode = snapshot.RAMStream
 	if captured.RAMInFile {
 		res.mode = snapshot.RAMFile
 	}
 	if kind == snapshot.KindBase {
-		resumeGuest()
+		held.letGo()
 		giveBack() // now: the tenant's gap ends before the commit's fsyncs
 	}
 	res.pause = time.Since(start)
 	diskStart := time.Now()
 	if err := diskCopied(ctx); err != nil {
-		return fail(fmt.Errorf("capturing the disk: %w", err))
+		return res, fmt.Errorf("capturing the disk: %w", err)
 	}
 	if s.diskPath != "" && kind == snapshot.KindBase {
 		s.log.Info("disk captured", "copy_ms", time.Since(diskStart).Milliseconds())
@@ -240,7 +223,7 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 	v := s.getView()
 	fp, err := s.fingerprintWith(s.machine.Info(), v.accel)
 	if err != nil {
-		return fail(err)
+		return res, err
 	}
 	meta := &snapshot.Meta{
 		Format:      snapshot.FormatVersion,
@@ -253,18 +236,48 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 		Sections:    sections,
 	}
 	if err := ctx.Err(); err != nil {
-		return fail(fmt.Errorf("capture cancelled: %w", context.Cause(ctx)))
+		return res, fmt.Errorf("capture cancelled: %w", context.Cause(ctx))
 	}
 	if err := w.Commit(meta); err != nil {
-		return fail(fmt.Errorf("committing snapshot %s: %w", rel, err))
+		return res, fmt.Errorf("committing snapshot %s: %w", rel, err)
 	}
-	committed = true
+	// Committed: nothing is undone. (The secrets of a base went back
+	// with its guest; a park keeps them, and its guest stays paused.)
+	undo.Release()
 	if kind == snapshot.KindPark {
 		// Nothing may leave the channel now: the artifact holds its future.
 		s.mux.Halt()
 	}
 	s.log.Info("snapshot captured", "kind", kind, "path", rel, "pause_ms", res.pause.Milliseconds(), "ram", res.mode)
 	return res, nil
+}
+
+// heldGuest is a capture's hold on the guest: its components frozen,
+// then (paused) the engine paused. letGo lets it go on, once: the engine
+// resumes, the components thaw and the guest's clock is set again.
+type heldGuest struct {
+	s      *Session
+	ctx    context.Context
+	paused bool
+	gone   bool
+}
+
+func (h *heldGuest) letGo() {
+	if h.gone {
+		return
+	}
+	h.gone = true
+	if !h.paused {
+		h.s.comps.thaw()
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(h.ctx), 10*time.Second)
+	defer cancel()
+	if err := h.s.machine.Resume(rctx); err != nil {
+		h.s.log.Error("resuming after a capture failed", "err", err)
+	}
+	h.s.comps.thaw()
+	h.s.syncClock(rctx)
 }
 
 // portPad is the filler a capture sends before withdrawing secrets:

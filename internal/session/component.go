@@ -7,14 +7,19 @@ import (
 	"sort"
 
 	"github.com/nethersandbox/nether/internal/channel"
+	"github.com/nethersandbox/nether/internal/disk"
+	"github.com/nethersandbox/nether/internal/netstack"
+	"github.com/nethersandbox/nether/internal/plane"
 	"github.com/nethersandbox/nether/internal/snapshot"
 )
 
 // Component is a part of the session that holds host-side state which must
-// cross a capture: the channel today; the network stack, the plane
-// bridges, disks and meters as they arrive. Each registers once and owns
-// one versioned section of the artifact's metadata, so adding a plane is
-// adding a component, never editing the capture.
+// cross a capture: the channel, the console, the network stack
+// (netstack.Component), the planes (plane.Component), the disk
+// (disk.Component), the run_as policy. Each registers once and owns one
+// versioned section of the artifact's metadata, so adding a plane is
+// adding a component, never editing the capture. A component is made with
+// what it saves and restores; it never reaches into the Session.
 type Component interface {
 	// Name is the section name: [a-z0-9_]{1,32}, unique in a session.
 	Name() string
@@ -30,8 +35,9 @@ type Component interface {
 	// Thaw undoes it. A capture freezes before the engine pauses.
 	Freeze()
 	Thaw()
-	// Save returns the section, while frozen and with the guest paused.
-	Save() (json.RawMessage, error)
+	// Save returns the section of an artifact of kind, while frozen and
+	// with the guest paused.
+	Save(kind snapshot.Kind) (json.RawMessage, error)
 	// Restore loads a section before the guest resumes; data is nil when
 	// the artifact has none (it predates the component).
 	Restore(version int, data json.RawMessage) error
@@ -46,23 +52,23 @@ type components []Component
 // back on its own too, because the session drives it directly. newMux
 // rebuilds the channel from its section; with nil the components only
 // check their sections (validate_snapshot).
-// con carries the console's screen and nc the guest's connections; nil
-// (validate_snapshot) only checks their sections.
-// dc carries the persistent disk's section and pol the run_as policy;
-// nil likewise.
-func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *consoleComponent, nc *netComponent, pc *planesComponent, dc *diskComponent, pol *policyComponent) (components, *channelComponent) {
+// con carries the console's screen, nc the guest's connections, pc the
+// planes' ports, dc the persistent disk's section and pol the run_as
+// policy; a nil one (validate_snapshot, a restore's first check) only
+// checks its section.
+func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *consoleComponent, nc *netstack.Component, pc *plane.Component, dc *disk.Component, pol *policyComponent) (components, *channelComponent) {
 	cc := &channelComponent{newMux: newMux}
 	if con == nil {
 		con = &consoleComponent{}
 	}
 	if nc == nil {
-		nc = &netComponent{}
+		nc = netstack.NewComponent(nil, nil)
 	}
 	if pc == nil {
-		pc = &planesComponent{}
+		pc = plane.NewComponent(nil, plane.Ports{})
 	}
 	if dc == nil {
-		dc = &diskComponent{}
+		dc = disk.NewComponent("")
 	}
 	if pol == nil {
 		pol = &policyComponent{}
@@ -70,10 +76,10 @@ func newComponents(newMux func(*channel.State) (*channel.Mux, error), con *conso
 	return components{cc, con, nc, pc, dc, pol}, cc
 }
 
-// save collects every component's section.
-func (cs components) save(into map[string]snapshot.Section) error {
+// save collects every component's section of an artifact of kind.
+func (cs components) save(into map[string]snapshot.Section, kind snapshot.Kind) error {
 	for _, c := range cs {
-		data, err := c.Save()
+		data, err := c.Save(kind)
 		if err != nil {
 			return fmt.Errorf("saving %s state: %w", c.Name(), err)
 		}
@@ -204,7 +210,7 @@ func (c *channelComponent) Quiescent() error {
 	return nil
 }
 
-func (c *channelComponent) Save() (json.RawMessage, error) {
+func (c *channelComponent) Save(snapshot.Kind) (json.RawMessage, error) {
 	return c.mux.State().Marshal()
 }
 
@@ -253,7 +259,7 @@ func (c *consoleComponent) Quiescent() error { return nil }
 func (c *consoleComponent) Freeze()          {}
 func (c *consoleComponent) Thaw()            {}
 
-func (c *consoleComponent) Save() (json.RawMessage, error) {
+func (c *consoleComponent) Save(snapshot.Kind) (json.RawMessage, error) {
 	var sec consoleSection
 	if c.tail != nil {
 		sec.Tail = c.tail()

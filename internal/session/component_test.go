@@ -26,8 +26,8 @@ func (r *recorder) Required() bool   { return r.required }
 func (r *recorder) Quiescent() error { return r.busy }
 func (r *recorder) Freeze()          {}
 func (r *recorder) Thaw()            {}
-func (r *recorder) Save() (json.RawMessage, error) {
-	return json.RawMessage(`{"of":"` + r.name + `"}`), nil
+func (r *recorder) Save(kind snapshot.Kind) (json.RawMessage, error) {
+	return json.RawMessage(`{"of":"` + r.name + `","kind":"` + string(kind) + `"}`), nil
 }
 func (r *recorder) Restore(v int, data json.RawMessage) error {
 	r.restored = append(r.restored, string(data))
@@ -68,17 +68,17 @@ func TestComponentsSaveRestoreQuiescent(t *testing.T) {
 	a, b := &recorder{name: "a", version: 1}, &recorder{name: "b", version: 4}
 	comps := components{a, b}
 	out := map[string]snapshot.Section{}
-	if err := comps.save(out); err != nil {
+	if err := comps.save(out, snapshot.KindPark); err != nil {
 		t.Fatal(err)
 	}
-	if out["b"].Version != 4 || string(out["a"].Data) != `{"of":"a"}` {
+	if out["b"].Version != 4 || string(out["a"].Data) != `{"of":"a","kind":"park"}` {
 		t.Fatalf("saved %v", out)
 	}
 	delete(out, "b")
 	if err := comps.restore(out); err != nil {
 		t.Fatal(err)
 	}
-	if a.restored[0] != `{"of":"a"}` || b.restored[0] != "" {
+	if a.restored[0] != `{"of":"a","kind":"park"}` || b.restored[0] != "" {
 		t.Fatalf("restored a=%q b=%q (b had no section: want nil data)", a.restored, b.restored)
 	}
 	b.busy = errors.New("2 flows open")
@@ -114,7 +114,7 @@ func TestConsoleComponent(t *testing.T) {
 	t.Run("round trip", func(t *testing.T) {
 		var got bytes.Buffer
 		save := &consoleComponent{tail: func() []byte { return []byte("login: \x1b[1mhi\x1b[0m\r\n") }}
-		data, err := save.Save()
+		data, err := save.Save(snapshot.KindBase)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,7 +128,7 @@ func TestConsoleComponent(t *testing.T) {
 	})
 	t.Run("saves at most the bound", func(t *testing.T) {
 		save := &consoleComponent{tail: func() []byte { return bytes.Repeat([]byte("x"), 3*consoleSectionMax) }}
-		data, err := save.Save()
+		data, err := save.Save(snapshot.KindBase)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,8 +19,11 @@ import (
 	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/channel"
 	"github.com/nethersandbox/nether/internal/conf"
+	"github.com/nethersandbox/nether/internal/disk"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/guestimage"
+	"github.com/nethersandbox/nether/internal/netstack"
+	"github.com/nethersandbox/nether/internal/plane"
 	"github.com/nethersandbox/nether/internal/snapshot"
 )
 
@@ -136,9 +139,6 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 		RunDir: runDir, Display: s.cfg.GPU, NIC: s.cfg.Net,
 	}
 
-	s.netComp = &netComponent{s: s}
-	s.diskComp = &diskComponent{s: s}
-	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) }, s.consoleComponent(), s.netComp, &planesComponent{s: s}, s.diskComp, &policyComponent{s: s})
 	var r *restoring
 	if s.cfg.Restore {
 		// A fork's new disk layer is its own: a failed restore takes it
@@ -149,7 +149,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 				os.Remove(s.forkLayer)
 			}
 		}()
-		if r, err = s.openArtifact(ctx, &spec, comps); err != nil {
+		if r, err = s.openArtifact(ctx, &spec); err != nil {
 			return err
 		}
 		defer r.close()
@@ -181,6 +181,13 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	if err := s.startNetwork(m); err != nil {
 		return err
 	}
+	// Each component is made with what it carries, all of it known now:
+	// the console, the network stack, the planes and their ports, the
+	// disk, the run_as policy.
+	nc := netstack.NewComponent(s.net, s.log)
+	comps, cc := newComponents(func(st *channel.State) (*channel.Mux, error) { return channel.Restore(st, s.log) },
+		s.consoleComponent(), nc, plane.NewComponent(s.planes, plane.Ports{App: s.appPort, Egress: s.egressPort}),
+		disk.NewComponent(s.diskPath), &policyComponent{runAs: s.getView().runAs})
 	info := m.Info()
 	s.setView(func(v *view) { v.engine = info })
 	s.log.Info("guest starting", "engine", info.Backend, "version", info.Version, "machine", info.Machine,
@@ -197,7 +204,7 @@ func (s *Session) assemble(consoleMode bool) (err error) {
 	if err := s.finishRestore(ctx, r, m, cc, comps); err != nil {
 		return err
 	}
-	s.netComp.resetCarried()
+	nc.ResetCarried()
 	go s.watchAgent()
 	go func() {
 		s.setEgressListener(true)
@@ -286,8 +293,11 @@ func (r *restoring) close() {
 }
 
 // openArtifact opens, claims (a park) and checks an artifact, starts its
-// verification, and turns spec into a restore of it.
-func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec, comps components) (*restoring, error) {
+// verification, and turns spec into a restore of it. The sections are
+// checked against components made for checking only: the ones that
+// restore them are made once the engine, the console and the network
+// are up.
+func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec) (*restoring, error) {
 	art := s.art
 	r := &restoring{art: art, fork: art.Meta.Kind == snapshot.KindBase}
 	r.next = s.getView().identity
@@ -302,7 +312,8 @@ func (s *Session) openArtifact(ctx context.Context, spec *engine.Spec, comps com
 		r.close()
 		return nil, fmt.Errorf("snapshot %s: %w", art.Dir, err)
 	}
-	if err := comps.check(art.Meta.Sections); err != nil {
+	checking, _ := newComponents(nil, nil, nil, nil, nil, nil)
+	if err := checking.check(art.Meta.Sections); err != nil {
 		return fail(err)
 	}
 	runAs, err := restoredRunAs(art, s.cfg.RunAs)
@@ -439,12 +450,12 @@ func (s *Session) openRestore() error {
 	}
 	s.art = art
 	next := s.restoredIdentity(art.Meta.Identity, art.Meta.Kind == snapshot.KindBase)
-	disk := ""
-	if sec, has, err := capturedDisk(art); err == nil && has {
-		disk = sec.Live
+	diskPath := ""
+	if sec, has, err := disk.Captured(art); err == nil && has {
+		diskPath = sec.Live
 		if sec.Layer {
-			if disk = s.cfg.Disk; disk == "" {
-				disk = filepath.Join(s.cfg.Dir, ForkDiskLayer)
+			if diskPath = s.cfg.Disk; diskPath == "" {
+				diskPath = filepath.Join(s.cfg.Dir, ForkDiskLayer)
 			}
 		}
 	}
@@ -452,7 +463,7 @@ func (s *Session) openRestore() error {
 		v.identity = next
 		v.snapshot = art.Dir
 		v.parent = art.Meta.Identity.SandboxID
-		v.disk = disk
+		v.disk = diskPath
 	})
 	return nil
 }

@@ -1,7 +1,6 @@
 package session
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -85,84 +84,6 @@ func firewallState(open bool) string {
 		return "off"
 	}
 	return "on"
-}
-
-// netComponent carries the guest's TCP connections across a capture: the
-// host sockets behind them cannot cross, so a restore resets each one in
-// the guest at once (a guest blocked in recv() sees a reset, never a
-// hang) and the guest's next connection works.
-type netComponent struct {
-	s *Session
-	// pending are the connections a restore read, reset once the
-	// restored guest runs.
-	pending []netstack.GuestConn
-}
-
-type netSection struct {
-	Conns []netstack.GuestConn `json:"conns"`
-	// MAC is the guest's NIC address when it is not the NIC's first
-	// (a fork's own): a wake must answer the address the guest has.
-	MAC string `json:"mac,omitempty"`
-}
-
-// netSectionMax bounds the connections a section may name: the stack's
-// own flow cap, with room.
-const netSectionMax = 4096
-
-func (c *netComponent) Name() string { return "net" }
-
-// Version 2 added the guest's MAC: a nether that cannot read it would
-// leave a woken fork's network deaf, so it refuses the section instead.
-func (c *netComponent) Version() int     { return 2 }
-func (c *netComponent) Required() bool   { return false }
-func (c *netComponent) Quiescent() error { return nil }
-func (c *netComponent) Freeze()          {}
-func (c *netComponent) Thaw()            {}
-
-func (c *netComponent) Save() (json.RawMessage, error) {
-	var sec netSection
-	if c.s != nil && c.s.net != nil {
-		sec.Conns = c.s.net.GuestConns()
-		if mac := c.s.net.GuestMAC(); mac != nil {
-			sec.MAC = mac.String()
-		}
-	}
-	return json.Marshal(sec)
-}
-
-func (c *netComponent) Restore(version int, data json.RawMessage) error {
-	if data == nil {
-		return nil
-	}
-	var sec netSection
-	if err := json.Unmarshal(data, &sec); err != nil {
-		return fmt.Errorf("net section: %w", err)
-	}
-	if len(sec.Conns) > netSectionMax {
-		return fmt.Errorf("net section names %d connections, over %d", len(sec.Conns), netSectionMax)
-	}
-	c.pending = sec.Conns
-	if sec.MAC != "" {
-		mac, err := net.ParseMAC(sec.MAC)
-		if err != nil || len(mac) != 6 {
-			return fmt.Errorf("net section: %q is not an Ethernet address", sec.MAC)
-		}
-		if c.s != nil && c.s.net != nil {
-			return c.s.net.SetGuestMAC(mac)
-		}
-	}
-	return nil
-}
-
-// resetCarried resets, in the restored guest, the connections its
-// artifact carried.
-func (c *netComponent) resetCarried() {
-	if c.s == nil || c.s.net == nil || len(c.pending) == 0 {
-		return
-	}
-	c.s.log.Info("resetting the guest's connections from before the capture", "count", len(c.pending))
-	c.s.net.ResetGuestConns(c.pending)
-	c.pending = nil
 }
 
 // newGuestMAC is a fork's own NIC address (nil without a network): random,

@@ -2,7 +2,7 @@ package session
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"time"
@@ -17,33 +17,24 @@ import (
 // agent, as a command does.
 const planeAgentWait = 30 * time.Second
 
-// planesSection is the planes' part of an artifact: the guest ports the
-// captured session served, which a restore whose nether.conf leaves them
-// out inherits (the tenant's server and its egress habits live in the
-// guest's memory).
-type planesSection struct {
-	AppPort    int `json:"app_port,omitempty"`
-	EgressPort int `json:"egress_port,omitempty"`
-}
-
 // capturedPlanes reads the planes section of the artifact a restore
 // starts from, before anything starts: the data socket is bound first.
-func (s *Session) capturedPlanes() (planesSection, error) {
-	var sec planesSection
+func (s *Session) capturedPlanes() (plane.Ports, error) {
 	if s.art == nil {
-		return sec, nil
+		return plane.Ports{}, nil
 	}
-	raw, ok := s.art.Meta.Sections[planesComponentName]
+	raw, ok := s.art.Meta.Sections[plane.SectionName]
 	if !ok {
-		return sec, nil
+		return plane.Ports{}, nil
 	}
-	if err := json.Unmarshal(raw.Data, &sec); err != nil {
-		return sec, fmt.Errorf("snapshot %s: the planes section: %w", s.art.Dir, err)
+	ports, err := plane.DecodeSection(raw.Data)
+	switch {
+	case errors.Is(err, plane.ErrPortRange):
+		return ports, fmt.Errorf("snapshot %s: the planes section names a port out of range", s.art.Dir)
+	case err != nil:
+		return ports, fmt.Errorf("snapshot %s: the planes section: %w", s.art.Dir, err)
 	}
-	if sec.AppPort < 0 || sec.AppPort > 65535 || sec.EgressPort < 0 || sec.EgressPort > 65535 {
-		return sec, fmt.Errorf("snapshot %s: the planes section names a port out of range", s.art.Dir)
-	}
-	return sec, nil
+	return ports, nil
 }
 
 // startPlanes binds the data socket and makes the planes, before the
@@ -57,16 +48,16 @@ func (s *Session) startPlanes() error {
 	}
 	s.appPort, s.egressPort = s.cfg.AppPort, s.cfg.EgressPort
 	if s.appPort == 0 {
-		s.appPort = captured.AppPort
+		s.appPort = captured.App
 	}
 	if s.egressPort == 0 && s.cfg.EgressSocket != "" {
 		// A restore with an egress socket and no port uses the port its
 		// guest listens on; one without either closes that listener
 		// (setEgressListener), so the tenant's connections are refused
 		// rather than accepted and dropped.
-		s.egressPort = captured.EgressPort
+		s.egressPort = captured.Egress
 	}
-	s.capturedEgressPort = captured.EgressPort
+	s.capturedEgressPort = captured.Egress
 	if s.cfg.DataSocket != "" && s.appPort == 0 {
 		return fmt.Errorf("data_socket is set but neither nether.conf nor the snapshot names app_port")
 	}
@@ -160,63 +151,6 @@ func planeStream(st *channel.Stream) (agentproto.Request, bool) {
 		return req, false
 	}
 	return req, req.Op == agentproto.OpConnect || req.Op == agentproto.OpEgress
-}
-
-const planesComponentName = "planes"
-
-// planesComponent carries the guest ports across a capture and holds the
-// planes still while one is taken. Bytes the planes hold on the host
-// side cannot cross a park (Drained is the park's drain gate).
-type planesComponent struct {
-	s *Session // nil: validation only
-}
-
-func (c *planesComponent) Name() string     { return planesComponentName }
-func (c *planesComponent) Version() int     { return 1 }
-func (c *planesComponent) Required() bool   { return false }
-func (c *planesComponent) Quiescent() error { return nil }
-
-func (c *planesComponent) Freeze() {
-	if c.s != nil && c.s.planes != nil {
-		c.s.planes.Freeze()
-	}
-}
-
-func (c *planesComponent) Thaw() {
-	if c.s != nil && c.s.planes != nil {
-		c.s.planes.Thaw()
-	}
-}
-
-func (c *planesComponent) Drained() error {
-	if c.s == nil || c.s.planes == nil {
-		return nil
-	}
-	return c.s.planes.Drained()
-}
-
-func (c *planesComponent) Save() (json.RawMessage, error) {
-	sec := planesSection{}
-	if c.s != nil {
-		sec.AppPort, sec.EgressPort = c.s.appPort, c.s.egressPort
-	}
-	return json.Marshal(sec)
-}
-
-// Restore checks the section; the session read it before it started
-// (capturedPlanes), because the data socket is bound before assembly.
-func (c *planesComponent) Restore(version int, data json.RawMessage) error {
-	if data == nil {
-		return nil
-	}
-	var sec planesSection
-	if err := json.Unmarshal(data, &sec); err != nil {
-		return err
-	}
-	if sec.AppPort < 0 || sec.AppPort > 65535 || sec.EgressPort < 0 || sec.EgressPort > 65535 {
-		return fmt.Errorf("a port out of range")
-	}
-	return nil
 }
 
 // planesBusy: an open data or egress connection keeps the sandbox from

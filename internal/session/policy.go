@@ -17,8 +17,10 @@ type policySection struct {
 	RunAs string `json:"run_as,omitempty"` // "" = root
 }
 
+// policyComponent is made with the policy the guest runs under ("" =
+// root, and for validation).
 type policyComponent struct {
-	s *Session // nil: validation only
+	runAs string
 }
 
 func (c *policyComponent) Name() string     { return policyComponentName }
@@ -28,12 +30,8 @@ func (c *policyComponent) Quiescent() error { return nil }
 func (c *policyComponent) Freeze()          {}
 func (c *policyComponent) Thaw()            {}
 
-func (c *policyComponent) Save() (json.RawMessage, error) {
-	var sec policySection
-	if c.s != nil {
-		sec.RunAs = c.s.getView().runAs
-	}
-	return json.Marshal(sec)
+func (c *policyComponent) Save(snapshot.Kind) (json.RawMessage, error) {
+	return json.Marshal(policySection{RunAs: c.runAs})
 }
 
 func (c *policyComponent) Restore(version int, data json.RawMessage) error {

@@ -45,23 +45,3 @@ func TestRestoredRunAs(t *testing.T) {
 		})
 	}
 }
-
-// The disk section refuses what it cannot mean.
-func TestDecodeDiskSection(t *testing.T) {
-	for _, tc := range []struct{ name, data, err string }{
-		{"empty", `{}`, ""},
-		{"layer", `{"layer":true}`, ""},
-		{"live", `{"live":"/d.img","size":1048576,"chunks":[1]}`, ""},
-		{"both", `{"layer":true,"live":"/d.img","size":1,"chunks":[1]}`, "both"},
-		{"relative live", `{"live":"d.img","size":1,"chunks":[1]}`, "malformed"},
-		{"chunks short", `{"live":"/d.img","size":3145728,"chunks":[1]}`, "malformed"},
-		{"not json", `[`, "disk section"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := decodeDiskSection(json.RawMessage(tc.data))
-			if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
-				t.Fatalf("err = %v, want %q", err, tc.err)
-			}
-		})
-	}
-}

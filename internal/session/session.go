@@ -136,7 +136,6 @@ type Session struct {
 	// by assemble; diskLock holds it for the session's life.
 	diskPath string
 	diskLock atomic.Pointer[disk.Lock]
-	diskComp *diskComponent
 	// forkLayer is the disk layer this restore made ("" if none): removed
 	// again when the restore fails.
 	forkLayer string
@@ -157,7 +156,6 @@ type Session struct {
 	// else the restored artifact's.
 	planes                                  *plane.Planes
 	appPort, egressPort, capturedEgressPort int
-	netComp                                 *netComponent
 	// consoleDone closes when the console pump has read the console to
 	// its end; set by assemble with the machine.
 	consoleDone <-chan struct{}

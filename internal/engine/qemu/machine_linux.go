@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/nethersandbox/nether/internal/cleanup"
 	"github.com/nethersandbox/nether/internal/engine"
 )
 
@@ -142,14 +143,19 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 		disk:    spec.Disk != nil,
 		info:    engine.Info{Backend: "qemu", Machine: MachineType, Accel: spec.Accel},
 	}
-	defer func() {
-		if err != nil && m.mem != nil {
+	// What a failed start leaves behind; a started machine keeps it all.
+	var cu cleanup.Cleanup
+	defer cu.Clean()
+	cu.Add(func() {
+		if m.mem != nil {
 			m.mem.Close()
 		}
-		if err != nil && m.nic != nil {
+	})
+	cu.Add(func() {
+		if m.nic != nil {
 			m.nic.Close()
 		}
-	}()
+	})
 	var extra []*os.File
 	memPath, share := "", true
 	withLane := true
@@ -270,6 +276,9 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	if err := m.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}
+	// From here a failed start kills QEMU first (which waits for it to
+	// be gone), then the closes above.
+	cu.Add(m.kill)
 	go func() {
 		m.waitErr = m.cmd.Wait()
 		select {
@@ -292,20 +301,17 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 
 	conns, err := m.acceptAll(ctx, listeners, e.StartTimeout)
 	if err != nil {
-		m.kill()
 		return nil, err
 	}
 	m.console, m.channel = conns["console"], conns["channel"]
 	q, version, err := newQMP(ctx, conns["qmp"], m.onEvent)
 	if err != nil {
-		m.kill()
 		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}
 	m.qmp, m.info.Version = q, version
 	if m.procLane != nil {
 		// QEMU serves QMP once its machine is built, the lane mapped.
 		if err = m.procLane.open(m.cmd.Process.Pid); err != nil {
-			m.kill()
 			return nil, fmt.Errorf("starting QEMU: %w", err)
 		}
 	}
@@ -315,10 +321,10 @@ func (e *Engine) Start(ctx context.Context, spec engine.Spec) (_ engine.Machine,
 	}()
 	raw, err := q.execute(ctx, "query-machines", nil)
 	if err != nil {
-		m.kill()
 		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}
 	m.info.Machine = resolveMachineName(raw, MachineType)
+	cu.Release()
 	return m, nil
 }
 

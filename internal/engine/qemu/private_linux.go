@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strconv"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -120,23 +118,16 @@ func (p *privateRAM) ownPages() ([][2]int64, error) {
 // (inverted) that are present or swapped, as readOwnPages counts them.
 func (p *privateRAM) scanOwnPages() ([][2]int64, error) {
 	regions := make([]pageRegion, 1024)
-	arg := pmScanArg{
-		size:              uint64(unsafe.Sizeof(pmScanArg{})),
-		start:             uint64(p.base),
-		end:               uint64(p.base + p.size),
-		vec:               uint64(uintptr(unsafe.Pointer(&regions[0]))),
-		vecLen:            uint64(len(regions)),
-		categoryInverted:  pageIsFile,
-		categoryMask:      pageIsFile,
-		categoryAnyofMask: pageIsPresent | pageIsSwapped,
-		returnMask:        pageIsPresent | pageIsSwapped,
-	}
+	arg := newScanArg(regions)
+	arg.start, arg.end = uint64(p.base), uint64(p.base+p.size)
+	arg.categoryInverted, arg.categoryMask = pageIsFile, pageIsFile
+	arg.categoryAnyofMask = pageIsPresent | pageIsSwapped
+	arg.returnMask = pageIsPresent | pageIsSwapped
 	var runs [][2]int64
 	for arg.start < arg.end {
-		n, _, errno := unix.Syscall(unix.SYS_IOCTL, p.pagemap.Fd(), pagemapScan, uintptr(unsafe.Pointer(&arg)))
-		runtime.KeepAlive(regions)
-		if errno != 0 {
-			return nil, fmt.Errorf("scanning QEMU's page map: %w", errno)
+		n, err := pagemapScanInto(p.pagemap.Fd(), &arg, regions)
+		if err != nil {
+			return nil, fmt.Errorf("scanning QEMU's page map: %w", err)
 		}
 		for _, r := range regions[:n] {
 			for off := int64(r.start) - p.base; off < int64(r.end)-p.base; {
