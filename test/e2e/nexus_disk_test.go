@@ -185,7 +185,7 @@ func TestNexusDiskCorrupt(t *testing.T) {
 			if rec.State != "error" || !strings.Contains(rec.Reason, want) {
 				t.Errorf("after the failed start the record is %s, reason %q; want error, naming the disk", rec.State, rec.Reason)
 			}
-			if pids := nethersIn(x.dir); len(pids) != 0 {
+			if pids := nethersIn(filepath.Join(x.dir, "sandboxes")); len(pids) != 0 {
 				t.Errorf("nethers still run: %v", pids)
 			}
 			x.must("rm", "cor")
