@@ -100,6 +100,18 @@ func runMain(m *testing.M) int {
 	return m.Run()
 }
 
+// Tests that only wait on guests run side by side (t.Parallel: after the
+// serial ones, two at a time on two cores, -parallel's default of
+// GOMAXPROCS). Every check a test makes of what nether leaves is scoped
+// to its own nether (its private TMPDIR, the processes carrying it, its
+// launch directory) or its own nexus state directory, so a neighbour's
+// processes and files are never taken for leftovers. The one check that
+// is not, /dev/shm, forbids nether-* entries outright: one made by any
+// nether fails whichever test sees it. Tests that measure time (pause
+// lengths, clock offsets, timers, budgets, rates, "answered within"
+// bounds of a few seconds) or kill a process at a chosen moment stay
+// serial, so a busy neighbour never moves what they measure.
+
 func needGuest(t *testing.T) {
 	t.Helper()
 	if skipWhy != "" {
@@ -189,7 +201,7 @@ func (sb *sandbox) checkShm() {
 		sb.t.Errorf("watching /dev/shm: %v", err)
 	}
 	if len(names) > 0 {
-		sb.t.Errorf("%v appeared in /dev/shm while nether (%s) ran; guest memory must be a memfd", names, sb.dir)
+		sb.t.Errorf("%v appeared in /dev/shm while nether (%s) ran (it, or a nether of a test running beside it, made it); guest memory must be a memfd", names, sb.dir)
 	}
 }
 

@@ -35,6 +35,7 @@ func (x *nx) inspectDisk(ref string) nxDisk {
 // it was; a child's layer survives its own stop and start; bad settings
 // and a widening of run_as are refused before anything runs.
 func TestNexusDisk(t *testing.T) {
+	t.Parallel()
 	x := newNexus(t)
 	t0 := time.Now()
 	step := func(what string) {
@@ -154,6 +155,7 @@ func TestNexusDisk(t *testing.T) {
 // damage is one the host's check refuses before any boot (the
 // superblock), and one only the guest's kernel finds (the inode table).
 func TestNexusDiskCorrupt(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		damage func(t *testing.T, disk string)

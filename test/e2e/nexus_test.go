@@ -180,6 +180,7 @@ func nethersIn(root string) []int {
 // asks for every illegal one on the way, each refused with exit 3 and a
 // message naming the sandbox, its state and the verb.
 func TestNexusLifecycle(t *testing.T) {
+	t.Parallel()
 	x := newNexusFromBase(t) // "life" cold-boots; "doomed" is a fork
 	x.must("create", "--name", "life", "--ram-mb", "256", "--app-port", "8000")
 	illegal := func(state string, verbs ...string) {
@@ -260,6 +261,7 @@ func TestNexusLifecycle(t *testing.T) {
 // its provenance and its own identity, memory and CRNG; a referenced
 // snapshot cannot be removed, and can once its children are gone.
 func TestNexusFork(t *testing.T) {
+	t.Parallel()
 	x := newNexusFromBase(t)
 	x.must("fork", nxBaseSnap, "--name", "base")
 	x.must("exec", "base", "--", "echo inherited > /root/marker")
@@ -345,6 +347,7 @@ func TestNexusFork(t *testing.T) {
 // TestNexusCorruptSnapshot: a snapshot whose files changed after commit
 // is refused by name.
 func TestNexusCorruptSnapshot(t *testing.T) {
+	t.Parallel()
 	x := newNexusFromBase(t)
 	x.must("fork", nxBaseSnap, "--name", "src")
 	id := ids1(x.must("snapshot", "create", "src", "fragile"))
@@ -427,6 +430,7 @@ func TestNexusKill9(t *testing.T) {
 // TestNexusConcurrent: two nexus commands on one sandbox take turns: one
 // stops it, the other waits for its lease, then finds it stopped.
 func TestNexusConcurrent(t *testing.T) {
+	t.Parallel()
 	x := newNexusFromBase(t)
 	x.must("fork", nxBaseSnap, "--name", "twice")
 	type result struct {
@@ -472,6 +476,7 @@ func (x *nx) pool(snap string) nxPool {
 // every claim gets an identity no other member or claim had; the pool
 // is topped up behind the claims; a snapshot with a pool is not removed.
 func TestNexusPool(t *testing.T) {
+	t.Parallel()
 	x := newNexusFromBase(t)
 	x.must("fork", nxBaseSnap, "--name", "pbase")
 	snap := ids1(x.must("snapshot", "create", "pbase", "pwarm"))
