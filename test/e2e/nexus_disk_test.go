@@ -70,7 +70,7 @@ func TestNexusDisk(t *testing.T) {
 	if fi, err := os.Stat(sb.Disk); err != nil || fi.Size() != 32<<20 {
 		t.Fatalf("after stop the disk: %v, %v", fi, err)
 	}
-	x.refused(1, []string{"snapshot", "create", "dsk"}, "sandbox dsk is stopped", "from a running guest", "its disk is kept")
+	x.refused(3, []string{"snapshot", "create", "dsk"}, "sandbox dsk is stopped", "a stopped sandbox has no memory to capture", "its disk, if any, is kept")
 	x.must("start", "dsk")
 	step("start (a cold boot on the same disk)")
 	if out := x.must("exec", "dsk", "--", "cat /data/x; id -u"); out != "parent\n1000\n" {
