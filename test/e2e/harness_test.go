@@ -90,6 +90,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "e2e: %s is not built with the race detector (%v)\n", netherBin, err)
 		return 1
 	}
+	raceNoExitSleep()
 	// Guest memory is a memfd: nothing named nether-* may ever appear in
 	// /dev/shm, not even for a moment.
 	if shmWatch, err = testharness.WatchDir("/dev/shm", "nether-"); err != nil {
@@ -111,6 +112,23 @@ func runMain(m *testing.M) int {
 // lengths, clock offsets, timers, budgets, rates, "answered within"
 // bounds of a few seconds) or kill a process at a chosen moment stay
 // serial, so a busy neighbour never moves what they measure.
+
+// raceNoExitSleep sets atexit_sleep_ms=0 in GORACE for every process the
+// suite starts (they inherit its environment), unless the caller chose a
+// value. A race-built program sleeps that long (1000 ms by default) as it
+// exits, with its main goroutine already done, only so that goroutines
+// still running can race some more; a report in progress is waited for
+// either way. Every nexus command and every nether exit paid that second:
+// well over a hundred seconds a run, nexus's tests most (each nexus
+// command is a process). The detector sees everything the programs do
+// while they run, as before.
+func raceNoExitSleep() {
+	g := os.Getenv("GORACE")
+	if strings.Contains(g, "atexit_sleep_ms") {
+		return
+	}
+	os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
+}
 
 func needGuest(t *testing.T) {
 	t.Helper()
