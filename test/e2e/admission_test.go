@@ -17,6 +17,7 @@ import (
 // before any nether starts, and the chain records each admission and
 // refusal.
 func TestNexusAdmission(t *testing.T) {
+	t.Parallel()
 	x := newNexus(t)
 	// Unadmitted, while nothing is trusted, with nether's default RAM.
 	x.must("create", "--name", "before", "--start")

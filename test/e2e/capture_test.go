@@ -44,6 +44,7 @@ func checkBusyFile(t *testing.T, sb *sandbox, what string) int {
 // copied by nether and compared in the pause. Each capture is restored
 // and must run commands with the writer's file whole.
 func TestLiveCaptureOfABusyGuest(t *testing.T) {
+	t.Parallel()
 	art := sharedBase(t)
 	fork := forkOf(t, art, "snapshot_allow_dirty = 1")
 	c := fork.dial()

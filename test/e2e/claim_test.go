@@ -43,6 +43,7 @@ var claimedLog = regexp.MustCompile(`msg=claimed sandbox=(\S+) hostname=(\S+) wa
 // base already read different bytes before any claim, their kernels
 // having reseeded on their own early-boot timer.
 func TestClaim(t *testing.T) {
+	t.Parallel()
 	art := sharedBase(t)
 	confs := [][]string{nil, {"fork_reseed = 0"}}
 	pool := make([]*sandbox, len(confs))

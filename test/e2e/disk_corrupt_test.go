@@ -33,6 +33,7 @@ const hostRefusalWithin = 10 * time.Second
 // for the guest is answered with an ERR saying the same. The damaged file
 // is left as it was.
 func TestDiskCorrupt(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.img")
 	sb := start(t, "disk = "+good, "ram_mb = 256")

@@ -170,6 +170,7 @@ func TestDiskAndRunAs(t *testing.T) {
 // TestRunAsUnknownUser: a run_as user the guest does not know refuses
 // every command, saying so, rather than running it as root.
 func TestRunAsUnknownUser(t *testing.T) {
+	t.Parallel()
 	sb := start(t, "run_as = nosuchuser")
 	c := sb.dial()
 	body, exit := run(t, c, "id -u")
@@ -185,6 +186,7 @@ func TestRunAsUnknownUser(t *testing.T) {
 // parent's disk, a park continues its disk on wake, and an altered or
 // missing layer is refused.
 func TestDiskForks(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	diskPath := filepath.Join(dir, "data.img")
 	sb := start(t, "disk = "+diskPath, "disk_size_mb = 256")

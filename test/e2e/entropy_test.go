@@ -9,6 +9,7 @@ import (
 // virtio-rng device, so its CRNG is fed host entropy from boot, whatever
 // the CPU model (RDRAND is not on every one), and it reads from it.
 func TestGuestEntropyFromHost(t *testing.T) {
+	t.Parallel()
 	needGuest(t)
 	sb := forkOf(t, sharedBase(t))
 	c := sb.dial()

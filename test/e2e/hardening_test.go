@@ -856,6 +856,7 @@ func TestHardeningGuestEnds(t *testing.T) {
 // agent) do not end the sandbox. (SIGKILL and SIGSTOP are never delivered
 // to a namespace's init from inside it: not tested.)
 func TestHardeningGuestSignalsToInit(t *testing.T) {
+	t.Parallel()
 	art := sharedBase(t)
 	var sb *sandbox
 	var fb *faultBase
@@ -890,6 +891,7 @@ func TestHardeningGuestSignalsToInit(t *testing.T) {
 // TestHardeningBytes: bytes that are not UTF-8 reach the guest and come
 // back exactly, in command lines, in transfer paths and in output.
 func TestHardeningBytes(t *testing.T) {
+	t.Parallel()
 	sb := forkOf(t, sharedBase(t))
 	c := sb.dial()
 
@@ -949,6 +951,7 @@ func TestHardeningBytes(t *testing.T) {
 // (committed or being written); a __put__ onto /dev/null is refused and
 // leaves it a character device.
 func TestHardeningJailGuards(t *testing.T) {
+	t.Parallel()
 	sb := forkOf(t, sharedBase(t))
 	c := sb.dial()
 	takeSnapshot(t, sb, c, "snap")
@@ -1043,6 +1046,7 @@ func jailState(t *testing.T, sb *sandbox) string {
 // TestHardeningOneBill: the OK parked reply and the session's final
 // record carry the same figures.
 func TestHardeningOneBill(t *testing.T) {
+	t.Parallel()
 	sb := forkOf(t, sharedBase(t))
 	c := sb.dial()
 	mustRun(t, c, "echo some work; head -c 300000 /dev/zero | wc -c; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done")

@@ -90,6 +90,7 @@ func runMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "e2e: %s is not built with the race detector (%v)\n", netherBin, err)
 		return 1
 	}
+	raceNoExitSleep()
 	// Guest memory is a memfd: nothing named nether-* may ever appear in
 	// /dev/shm, not even for a moment.
 	if shmWatch, err = testharness.WatchDir("/dev/shm", "nether-"); err != nil {
@@ -98,6 +99,35 @@ func runMain(m *testing.M) int {
 	}
 	defer shmWatch.Close()
 	return m.Run()
+}
+
+// Tests that only wait on guests run side by side (t.Parallel: after the
+// serial ones, two at a time on two cores, -parallel's default of
+// GOMAXPROCS). Every check a test makes of what nether leaves is scoped
+// to its own nether (its private TMPDIR, the processes carrying it, its
+// launch directory) or its own nexus state directory, so a neighbour's
+// processes and files are never taken for leftovers. The one check that
+// is not, /dev/shm, forbids nether-* entries outright: one made by any
+// nether fails whichever test sees it. Tests that measure time (pause
+// lengths, clock offsets, timers, budgets, rates, "answered within"
+// bounds of a few seconds) or kill a process at a chosen moment stay
+// serial, so a busy neighbour never moves what they measure.
+
+// raceNoExitSleep sets atexit_sleep_ms=0 in GORACE for every process the
+// suite starts (they inherit its environment), unless the caller chose a
+// value. A race-built program sleeps that long (1000 ms by default) as it
+// exits, with its main goroutine already done, only so that goroutines
+// still running can race some more; a report in progress is waited for
+// either way. Every nexus command and every nether exit paid that second:
+// well over a hundred seconds a run, nexus's tests most (each nexus
+// command is a process). The detector sees everything the programs do
+// while they run, as before.
+func raceNoExitSleep() {
+	g := os.Getenv("GORACE")
+	if strings.Contains(g, "atexit_sleep_ms") {
+		return
+	}
+	os.Setenv("GORACE", strings.TrimSpace(g+" atexit_sleep_ms=0"))
 }
 
 func needGuest(t *testing.T) {
@@ -189,7 +219,7 @@ func (sb *sandbox) checkShm() {
 		sb.t.Errorf("watching /dev/shm: %v", err)
 	}
 	if len(names) > 0 {
-		sb.t.Errorf("%v appeared in /dev/shm while nether (%s) ran; guest memory must be a memfd", names, sb.dir)
+		sb.t.Errorf("%v appeared in /dev/shm while nether (%s) ran (it, or a nether of a test running beside it, made it); guest memory must be a memfd", names, sb.dir)
 	}
 }
 

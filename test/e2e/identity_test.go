@@ -17,6 +17,7 @@ import (
 // hostname); a woken park keeps its sandbox_id and goes one generation
 // on. The subtests run in order: the park of one is woken by the next.
 func TestInfoLineage(t *testing.T) {
+	t.Parallel()
 	art := sharedBase(t)
 	type want map[string]string
 	check := func(t *testing.T, info map[string]string, w want) {

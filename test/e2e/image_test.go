@@ -202,6 +202,7 @@ func checkImageGuest(t *testing.T, img, hello string) *client.Client {
 // gzip-compressed) imported with nether-guest import --tar boots as the
 // guest's root with rootfs = <image>.
 func TestImageFromTarball(t *testing.T) {
+	t.Parallel()
 	needGuest(t)
 	root := busyboxTree(t)
 	hello := "from the tarball " + marker(t)
@@ -230,6 +231,7 @@ func TestImageFromTarball(t *testing.T) {
 // nether-guest import --oci-layout from an index that also has an arm64
 // image, boots with the layers flattened.
 func TestImageFromOCILayout(t *testing.T) {
+	t.Parallel()
 	needGuest(t)
 	root := busyboxTree(t)
 	for p, data := range map[string]string{"etc/gone": "lower", "opt/old/a": "lower", "opt/keep": "kept"} {

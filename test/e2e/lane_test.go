@@ -19,6 +19,7 @@ import (
 // do those of a fork of that fork, whose lane came back from its
 // parent's device state.
 func TestChannelLane(t *testing.T) {
+	t.Parallel()
 	art := sharedBase(t)
 	for gen := 1; gen <= 2; gen++ {
 		dir := t.TempDir()

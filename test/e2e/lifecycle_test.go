@@ -17,6 +17,7 @@ import (
 )
 
 func TestShutdownWithX402(t *testing.T) {
+	t.Parallel()
 	sb := start(t, "x402 = on")
 	c := sb.dial()
 	if body, exit := run(t, c, "echo up"); body != "up\n" || exit != 0 {
@@ -36,6 +37,7 @@ func TestShutdownWithX402(t *testing.T) {
 }
 
 func TestGuestPowerOff(t *testing.T) {
+	t.Parallel()
 	sb := start(t)
 	c := sb.dial()
 	run(t, c, "true")
@@ -101,6 +103,7 @@ func TestSIGTERMDuringLongCommand(t *testing.T) {
 }
 
 func TestConsoleMode(t *testing.T) {
+	t.Parallel()
 	needGuest(t)
 	// Input before the shell opened the console would be dropped by the
 	// guest's tty, so the input goes in once the prompt is out.
@@ -151,6 +154,7 @@ func (w *promptWriter) Write(p []byte) (int, error) {
 // TestConfigErrorsStopBeforeBoot needs no QEMU and no guest: nether
 // refuses its configuration before it starts anything.
 func TestConfigErrorsStopBeforeBoot(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, conf, want string
 	}{
@@ -204,6 +208,7 @@ func runToEnd(t *testing.T, o testharness.Options, timeout time.Duration) *sandb
 }
 
 func TestControlSocketOwnership(t *testing.T) {
+	t.Parallel()
 	a := start(t)
 	t.Run("a live socket is refused", func(t *testing.T) {
 		second := runToEnd(t, testharness.Options{Dir: t.TempDir(), Socket: a.sock}, time.Minute)
@@ -245,6 +250,7 @@ func TestControlSocketOwnership(t *testing.T) {
 // file mode, a client of another uid is refused by the peer-credential
 // check with a framed ERR.
 func TestPeerUIDCheck(t *testing.T) {
+	t.Parallel()
 	if os.Getuid() != 0 {
 		t.Skip("SKIPPED: needs root to connect as another uid")
 	}

@@ -234,6 +234,7 @@ func TestNetFirewall(t *testing.T) {
 // opens the gateway to the host's loopback (and nothing else), net_block
 // closes a public range, net_open lets private addresses through.
 func TestNetRules(t *testing.T) {
+	t.Parallel()
 	lab := newNetLab(t)
 	lab.listen(lab.pub, "203.0.113.2:8080", hello("pub"))
 	lab.listen(lab.box, "127.0.0.1:9090", hello("loopback"))
@@ -340,6 +341,7 @@ func TestNetAfterWake(t *testing.T) {
 // netlog and counters, its own MAC, and one's listener cannot be reached
 // from the other (its 10.0.2.15 is its own).
 func TestNetForksApart(t *testing.T) {
+	t.Parallel()
 	lab := newNetLab(t)
 	lab.listen(lab.pub, "203.0.113.2:8080", hello("pub 8080"))
 	lab.listen(lab.pub, "203.0.113.2:8081", hello("pub 8081"))

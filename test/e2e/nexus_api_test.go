@@ -214,6 +214,7 @@ type apiSandbox struct {
 // resume and an illegal pause, a snapshot removal refused while its
 // children live and allowed after, and every sandbox removed at the end.
 func TestNexusAPI(t *testing.T) {
+	t.Parallel()
 	x := newNexus(t)
 	a := serveAPI(t, x)
 	if fi, err := os.Stat(a.sock); err != nil || fi.Mode().Perm() != 0o600 {

@@ -35,6 +35,7 @@ func (x *nx) inspectDisk(ref string) nxDisk {
 // it was; a child's layer survives its own stop and start; bad settings
 // and a widening of run_as are refused before anything runs.
 func TestNexusDisk(t *testing.T) {
+	t.Parallel()
 	x := newNexus(t)
 	t0 := time.Now()
 	step := func(what string) {
@@ -69,7 +70,7 @@ func TestNexusDisk(t *testing.T) {
 	if fi, err := os.Stat(sb.Disk); err != nil || fi.Size() != 32<<20 {
 		t.Fatalf("after stop the disk: %v, %v", fi, err)
 	}
-	x.refused(3, []string{"snapshot", "create", "dsk"}, "sandbox dsk is stopped", "captures a running guest", "its disk, if any, is kept")
+	x.refused(3, []string{"snapshot", "create", "dsk"}, "sandbox dsk is stopped", "a stopped sandbox has no memory to capture", "its disk, if any, is kept")
 	x.must("start", "dsk")
 	step("start (a cold boot on the same disk)")
 	if out := x.must("exec", "dsk", "--", "cat /data/x; id -u"); out != "parent\n1000\n" {
@@ -154,6 +155,7 @@ func TestNexusDisk(t *testing.T) {
 // damage is one the host's check refuses before any boot (the
 // superblock), and one only the guest's kernel finds (the inode table).
 func TestNexusDiskCorrupt(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		damage func(t *testing.T, disk string)
@@ -185,7 +187,7 @@ func TestNexusDiskCorrupt(t *testing.T) {
 			if rec.State != "error" || !strings.Contains(rec.Reason, want) {
 				t.Errorf("after the failed start the record is %s, reason %q; want error, naming the disk", rec.State, rec.Reason)
 			}
-			if pids := nethersIn(x.dir); len(pids) != 0 {
+			if pids := nethersIn(filepath.Join(x.dir, "sandboxes")); len(pids) != 0 {
 				t.Errorf("nethers still run: %v", pids)
 			}
 			x.must("rm", "cor")

@@ -35,6 +35,14 @@ func newNexus(t *testing.T) *nx {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return watchNexus(t, dir)
+}
+
+// watchNexus registers the end-of-test checks of a nexus state directory:
+// every sandbox is removed, no nether of its runs on, and the directory
+// goes.
+func watchNexus(t *testing.T, dir string) *nx {
+	t.Helper()
 	x := &nx{t: t, dir: dir}
 	t.Cleanup(func() {
 		// Remove every sandbox, then check nothing of nexus's runs on.
@@ -172,7 +180,8 @@ func nethersIn(root string) []int {
 // asks for every illegal one on the way, each refused with exit 3 and a
 // message naming the sandbox, its state and the verb.
 func TestNexusLifecycle(t *testing.T) {
-	x := newNexus(t)
+	t.Parallel()
+	x := newNexusFromBase(t) // "life" cold-boots; "doomed" is a fork
 	x.must("create", "--name", "life", "--ram-mb", "256", "--app-port", "8000")
 	illegal := func(state string, verbs ...string) {
 		t.Helper()
@@ -229,7 +238,7 @@ func TestNexusLifecycle(t *testing.T) {
 
 	// A nether that dies is noticed by the next command: error, with the
 	// reason, and an error sandbox can only be removed.
-	x.must("create", "--name", "doomed", "--start")
+	x.must("fork", nxBaseSnap, "--name", "doomed")
 	pid := nethersIn(filepath.Join(x.dir, "sandboxes"))
 	if len(pid) != 1 {
 		t.Fatalf("want one nether running, found %v", pid)
@@ -252,8 +261,9 @@ func TestNexusLifecycle(t *testing.T) {
 // its provenance and its own identity, memory and CRNG; a referenced
 // snapshot cannot be removed, and can once its children are gone.
 func TestNexusFork(t *testing.T) {
-	x := newNexus(t)
-	x.must("create", "--name", "base", "--ram-mb", "256", "--start")
+	t.Parallel()
+	x := newNexusFromBase(t)
+	x.must("fork", nxBaseSnap, "--name", "base")
 	x.must("exec", "base", "--", "echo inherited > /root/marker")
 	x.must("snapshot", "create", "base", "warm")
 	t0 := time.Now()
@@ -317,17 +327,18 @@ func TestNexusFork(t *testing.T) {
 		t.Fatal(err)
 	}
 	var events []string
+	recs = recs[nxBaseAudits:] // the base's own: create boot snapshot rm
 	for i, r := range recs {
 		events = append(events, r.Event)
-		refused := i == 7 // the snapshot rm while the children ran
+		refused := i == 6 // the snapshot rm while the children ran
 		if r.Node == "" || refused != (r.Outcome != "ok") || refused && !strings.Contains(r.Outcome, "in use by 4") {
 			t.Errorf("audit record %d: %+v", i, r)
 		}
-		if r.Event == "fork" && (r.Parent != base.ID || r.Snapshot == "") {
+		if r.Event == "fork" && (r.Snapshot == "" || i > 0 && r.Parent != base.ID) { // the first: the base's fork of nxBaseSnap
 			t.Errorf("a fork's audit record lacks its causes: %+v", r)
 		}
 	}
-	want := "create boot snapshot fork fork fork fork snapshot-rm rm rm rm rm snapshot-rm snapshot fork"
+	want := "fork snapshot fork fork fork fork snapshot-rm rm rm rm rm snapshot-rm snapshot fork"
 	if got := strings.Join(events, " "); got != want {
 		t.Errorf("audit events:\n got %s\nwant %s", got, want)
 	}
@@ -336,8 +347,9 @@ func TestNexusFork(t *testing.T) {
 // TestNexusCorruptSnapshot: a snapshot whose files changed after commit
 // is refused by name.
 func TestNexusCorruptSnapshot(t *testing.T) {
-	x := newNexus(t)
-	x.must("create", "--name", "src", "--ram-mb", "256", "--start")
+	t.Parallel()
+	x := newNexusFromBase(t)
+	x.must("fork", nxBaseSnap, "--name", "src")
 	id := ids1(x.must("snapshot", "create", "src", "fragile"))
 	meta := filepath.Join(x.dir, "snapshots", id, "meta.json")
 	b, err := os.ReadFile(meta)
@@ -352,8 +364,8 @@ func TestNexusCorruptSnapshot(t *testing.T) {
 // leaves a store the next command reconciles: no half-born sandbox shown,
 // no nether that no record knows, no artifact no record names.
 func TestNexusKill9(t *testing.T) {
-	x := newNexus(t)
-	x.must("create", "--name", "src", "--ram-mb", "256", "--start")
+	x := newNexusFromBase(t)
+	x.must("fork", nxBaseSnap, "--name", "src")
 	x.must("snapshot", "create", "src", "s")
 	for _, tc := range []struct {
 		name  string
@@ -389,9 +401,17 @@ func TestNexusKill9(t *testing.T) {
 			snaps := x.must("snapshot", "ls", "--json")
 			var ss []struct{ ID, Dir string }
 			json.Unmarshal([]byte(snaps), &ss)
+			// nxBaseSnap's record names the base's artifact, outside this
+			// directory; every other record names one in it.
+			own := 0
+			for _, s := range ss {
+				if s.Dir != nxBaseArt {
+					own++
+				}
+			}
 			ents, _ := os.ReadDir(filepath.Join(x.dir, "snapshots"))
-			if len(ents) != len(ss) {
-				t.Errorf("%d artifacts on disk for %d snapshot records", len(ents), len(ss))
+			if len(ents) != own || own != len(ss)-1 {
+				t.Errorf("%d artifacts on disk for %d snapshot records (the base's among them: %v)", len(ents), len(ss), own == len(ss)-1)
 			}
 			for _, sb := range sbs {
 				if sb.Name != "src" {
@@ -418,8 +438,9 @@ func TestNexusKill9(t *testing.T) {
 // TestNexusConcurrent: two nexus commands on one sandbox take turns: one
 // stops it, the other waits for its lease, then finds it stopped.
 func TestNexusConcurrent(t *testing.T) {
-	x := newNexus(t)
-	x.must("create", "--name", "twice", "--ram-mb", "256", "--start")
+	t.Parallel()
+	x := newNexusFromBase(t)
+	x.must("fork", nxBaseSnap, "--name", "twice")
 	type result struct {
 		code int
 		errs string
@@ -463,8 +484,9 @@ func (x *nx) pool(snap string) nxPool {
 // every claim gets an identity no other member or claim had; the pool
 // is topped up behind the claims; a snapshot with a pool is not removed.
 func TestNexusPool(t *testing.T) {
-	x := newNexus(t)
-	x.must("create", "--name", "pbase", "--ram-mb", "256", "--start")
+	t.Parallel()
+	x := newNexusFromBase(t)
+	x.must("fork", nxBaseSnap, "--name", "pbase")
 	snap := ids1(x.must("snapshot", "create", "pbase", "pwarm"))
 	x.must("pool", "set", "pwarm", "--size", "3")
 	if p := x.pool(snap); p.Size != 3 || p.Members != 3 {

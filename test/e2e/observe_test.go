@@ -31,6 +31,7 @@ func eventTexts(ev client.Events) string {
 // and a fork of that snapshot, whose own timeline starts by naming where
 // it came from.
 func TestTimelineAndCmdLog(t *testing.T) {
+	t.Parallel()
 	base := sharedBase(t)
 	sb := forkOf(t, base, "sandbox_id = obs-parent")
 	c := sb.dial()
@@ -123,6 +124,7 @@ func TestTimelineAndCmdLog(t *testing.T) {
 var promptLine = regexp.MustCompile(`(?m)^# ?`)
 
 func TestScreen(t *testing.T) {
+	t.Parallel()
 	base := sharedBase(t)
 	sb := forkOf(t, base)
 	c := sb.dial()
@@ -177,6 +179,7 @@ func TestScreen(t *testing.T) {
 // the key; and a gpu = 1 restore of a base captured without a display is
 // refused by name before any guest runs.
 func TestFrame(t *testing.T) {
+	t.Parallel()
 	base := sharedBase(t)
 	sb := start(t, "gpu = 1")
 	c := sb.dial()

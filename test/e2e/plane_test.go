@@ -106,6 +106,7 @@ func get(c *http.Client, path string) (string, error) {
 // requests on its own data socket without that server restarting; the
 // meters count them; __info__ reports the plane.
 func TestDataPlane(t *testing.T) {
+	t.Parallel()
 	sb, c, sock := planeFork(t)
 	info := sb.info(c)
 	for k, want := range map[string]string{"data_plane": "on", "app_port": "8080", "egress_plane": "off", "max_data_conns": "48"} {
@@ -263,6 +264,7 @@ func readLine(t *testing.T, c *net.UnixConn, r *bufio.Reader) string {
 // sandbox's park and completes after the wake, in another nether, and
 // again across a second park; its process keeps its PID throughout.
 func TestEgressParkAwait(t *testing.T) {
+	t.Parallel()
 	eg, egSock := listenEgress(t)
 	dir := t.TempDir()
 	sb := restoreIn(t, dir, planeBase(t), "egress_socket = "+egSock)
@@ -342,6 +344,7 @@ func TestEgressParkAwait(t *testing.T) {
 // stopped reading cannot cross a park: __park__ refuses, naming the
 // connection, and the sandbox keeps running; park_dirty = 1 parks anyway.
 func TestParkDrainGate(t *testing.T) {
+	t.Parallel()
 	for _, dirty := range []bool{false, true} {
 		t.Run(fmt.Sprintf("park_dirty=%v", dirty), func(t *testing.T) {
 			conf := []string{"snapshot_allow_dirty = 1"}
@@ -380,6 +383,7 @@ func TestParkDrainGate(t *testing.T) {
 // TestDataSocketIsAFile: a data_socket path holding a regular file stops
 // nether before it boots anything, names the key, and leaves the file.
 func TestDataSocketIsAFile(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "data.sock")
 	if err := os.WriteFile(path, []byte("not a socket"), 0o600); err != nil {
@@ -407,6 +411,7 @@ func TestDataSocketIsAFile(t *testing.T) {
 // the control socket keeps answering and the platform sees no more than
 // the cap.
 func TestEgressFlood(t *testing.T) {
+	t.Parallel()
 	eg, egSock := listenEgress(t)
 	sb := restoreIn(t, t.TempDir(), planeBase(t), "egress_socket = "+egSock, "max_data_conns = 8")
 	c := sb.dial()

@@ -21,6 +21,7 @@ var sqliteOut = regexp.MustCompile(`^42 3\.\d+\.\d+\n$`)
 // the read-only image under a writable layer in memory, and python3 with
 // sqlite3 works in a fresh boot and in a fork of the shared base.
 func TestDebianGuest(t *testing.T) {
+	t.Parallel()
 	sb := start(t)
 	c := sb.dial()
 	if out := mustRun(t, c, ". /etc/os-release && echo $ID $VERSION_ID"); out != "debian 12\n" {
@@ -63,6 +64,7 @@ func TestDebianGuest(t *testing.T) {
 // initramfs too); an artifact of the default guest does not restore into
 // it, and the refusal names the root image.
 func TestBusyboxGuest(t *testing.T) {
+	t.Parallel()
 	sb := start(t, "rootfs = busybox", "disk = data.img")
 	c := sb.dial()
 	if out := mustRun(t, c, "readlink /bin/sh; awk '$2 == \"/\" || $2 == \"/data\" {print $3}' /proc/mounts"); out != "busybox\nrootfs\next4\n" {

@@ -301,6 +301,7 @@ func lineOf(s, substr string) string {
 // ancestors' files, gets its own hostname and sandbox id, reports its
 // generation and parent in __info__, and bills only its own session.
 func TestForkGenerations(t *testing.T) {
+	t.Parallel()
 	base := start(t)
 	c := base.dial()
 	mustRun(t, c, "echo g0 > /root/gen0")
@@ -371,6 +372,7 @@ func TestForkGenerations(t *testing.T) {
 // diverge, each has its own identity and its own caps, and neither the
 // base nor its artifact notices.
 func TestForkSiblings(t *testing.T) {
+	t.Parallel()
 	base := start(t)
 	bc := base.dial()
 	mustRun(t, bc, "echo original > /root/x")
@@ -560,6 +562,7 @@ func TestSnapshotGate(t *testing.T) {
 // under the same hostname, and the park is consumed. The OK parked reply
 // carries the bill under the field names of __stats__.
 func TestParkWake(t *testing.T) {
+	t.Parallel()
 	sb := forkOf(t, sharedBase(t), "snapshot_allow_dirty = 1")
 	c := sb.dial()
 	host := strings.TrimSpace(mustRun(t, c, "rm -f /tmp/loop.txt; hostname"))
@@ -655,6 +658,7 @@ func TestParkWake(t *testing.T) {
 // TestParkConcurrentWakes: two nethers wake one park at the same moment;
 // exactly one gets the guest.
 func TestParkConcurrentWakes(t *testing.T) {
+	t.Parallel()
 	sb := forkOf(t, sharedBase(t))
 	c := sb.dial()
 	host := strings.TrimSpace(mustRun(t, c, "echo parked > /root/p; hostname"))
@@ -716,6 +720,7 @@ func TestParkConcurrentWakes(t *testing.T) {
 // ways a disk or an operator would; validate_snapshot and a restore both
 // refuse every one.
 func TestValidateRefusesDamage(t *testing.T) {
+	t.Parallel()
 	art := sharedBase(t)
 	flip := func(path string, off int64) error {
 		f, err := os.OpenFile(path, os.O_RDWR, 0)
@@ -843,6 +848,7 @@ func TestValidateRefusesDamage(t *testing.T) {
 // TestArtifactFormat: an artifact is format 2, with a versioned section
 // for the engine and one for the channel, and its marker says so.
 func TestArtifactFormat(t *testing.T) {
+	t.Parallel()
 	art := sharedBase(t)
 	b, err := os.ReadFile(filepath.Join(art, "meta.json"))
 	if err != nil {
@@ -1099,6 +1105,7 @@ func TestGuestTime(t *testing.T) {
 // TestSnapshotOnAFullDisk: a capture that runs out of space answers ERR,
 // leaves nothing behind, and the sandbox runs on as if never asked.
 func TestSnapshotOnAFullDisk(t *testing.T) {
+	t.Parallel()
 	if os.Getuid() != 0 {
 		t.Skip("SKIPPED: needs root to mount a small tmpfs as the launch directory")
 	}

@@ -25,6 +25,7 @@ import (
 // snapshot's guest memory. And --clean refuses the parent, which holds
 // a secret.
 func TestForkTrustPracticalTest(t *testing.T) {
+	t.Parallel()
 	x := newNexus(t)
 	x.must("trust", "add", strings.TrimSpace(x.must("key", "create", "ops")))
 	n := 0
