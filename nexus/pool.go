@@ -8,9 +8,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nethersandbox/nether/client"
 	"github.com/nethersandbox/nether/nexus/lifecycle"
 	"github.com/nethersandbox/nether/nexus/store"
+	"github.com/nethersandbox/nether/runner"
 )
 
 // A warm pool keeps children of a snapshot restored and running, so a
@@ -65,7 +65,7 @@ func (n *Nexus) Pools(ctx context.Context) ([]*PoolStatus, error) {
 			}
 			st := &PoolStatus{Pool: *p, Members: len(ms)}
 			for _, sb := range ms {
-				if sb.Lease == nil && alive(sb.PID, sb.PIDStart) && n.ready(sb) {
+				if sb.Lease == nil && n.alive(sb) && n.ready(sb) {
 					st.Ready++
 				}
 			}
@@ -167,12 +167,9 @@ func (n *Nexus) claimFromPool(ctx context.Context, snap *Snapshot, names []strin
 		sb.Boot = newID()
 		var tok string
 		if tok, err = n.identityToken(sb, sb.Boot); err == nil {
-			line := fmt.Sprintf("__claim__ %s %s node_id=%s boot_id=%s token=%s", sb.ID, sb.Hostname, n.node, sb.Boot, tok)
-			if sb.Plan != "" {
-				line += " plan_digest=" + sb.Plan
-			}
+			req := runner.ClaimRequest{SandboxID: sb.ID, Hostname: sb.Hostname, NodeID: n.node, BootID: sb.Boot, Token: tok, PlanDigest: sb.Plan}
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			_, err = n.control(cctx, sb, line)
+			err = n.verb(cctx, sb, func(c runner.Conn) error { return c.Claim(cctx, req) })
 			cancel()
 		}
 		if err != nil {
@@ -183,7 +180,7 @@ func (n *Nexus) claimFromPool(ctx context.Context, snap *Snapshot, names []strin
 			// A member that cannot be claimed is no member: remove it,
 			// and try the next (or fork cold).
 			n.log.Warn("a pool member could not be claimed; removing it", "sandbox", sb.ID, "err", err)
-			terminate(sb.PID, sb.PIDStart, 10*time.Second)
+			n.terminate(sb, 10*time.Second)
 			n.db.Update(func(tx *store.Tx) error { return n.unbirth(tx, sb) })
 			continue
 		}
@@ -206,7 +203,7 @@ func (n *Nexus) takeMember(snapID string) (*Sandbox, error) {
 			return err
 		}
 		for _, sb := range ms {
-			if sb.State != lifecycle.Running || sb.Lease != nil || !alive(sb.PID, sb.PIDStart) || !n.ready(sb) {
+			if sb.State != lifecycle.Running || sb.Lease != nil || !n.alive(sb) || !n.ready(sb) {
 				continue
 			}
 			sb.Lease = &store.Lease{Op: "claim", Holder: os.Getpid(), Expires: time.Now().Add(time.Minute)}
@@ -222,12 +219,12 @@ func (n *Nexus) takeMember(snapID string) (*Sandbox, error) {
 func (n *Nexus) ready(sb *Sandbox) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, n.sockPath(sb))
+	c, err := n.run.Dial(ctx, n.sandboxDir(sb.ID))
 	if err != nil {
 		return false
 	}
 	defer c.Close()
-	return c.Info()["agent"] == "connected"
+	return c.Info().AgentConnected()
 }
 
 // refillDelay is how long a refill waits after a claim. A restore is

@@ -2,8 +2,6 @@ package nexus
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
@@ -15,24 +13,14 @@ import (
 
 	"github.com/nethersandbox/nether/nexus/lifecycle"
 	"github.com/nethersandbox/nether/nexus/store"
+	"github.com/nethersandbox/nether/runner"
 )
 
-// An artifact's meta.json records every file's length and a CRC32C of
-// each of its chunks, and its commit marker vouches for meta.json: the
-// sha256 of meta.json therefore pins the whole artifact. nexus records it
-// when the snapshot is committed and checks it before each use; nether
-// checks every chunk against meta.json as it restores.
-const metaFile = "meta.json"
-
-// digestOf is an artifact's content digest.
-func digestOf(dir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, metaFile))
-	if err != nil {
-		return "", fmt.Errorf("reading the artifact's %s: %w", metaFile, err)
-	}
-	sum := sha256.Sum256(b)
-	return "sha256:" + hex.EncodeToString(sum[:]), nil
-}
+// An artifact's meta.json pins the whole artifact (runner.ArtifactDigest):
+// nexus records its digest when the snapshot is committed and checks it
+// before each use; nether checks every chunk against meta.json as it
+// restores.
+func digestOf(dir string) (string, error) { return runner.ArtifactDigest(dir) }
 
 // diskUsage is the bytes an artifact takes on disk (its RAM file is
 // sparse).
@@ -132,7 +120,7 @@ func (n *Nexus) captureInto(ctx context.Context, sb *Sandbox, name string, clean
 	rel := "snap-" + id
 	// nether writes artifacts inside its launch directory; the store is
 	// on the same filesystem, so the move is a rename.
-	if _, err := n.control(ctx, sb, "__snapshot__ "+rel); err != nil {
+	if err := n.verb(ctx, sb, func(c runner.Conn) error { _, err := c.Snapshot(ctx, rel); return err }); err != nil {
 		os.RemoveAll(filepath.Join(n.sandboxDir(sb.ID), rel))
 		return undo(err)
 	}
