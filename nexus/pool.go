@@ -232,7 +232,7 @@ func (n *Nexus) ready(sb *Sandbox) bool {
 // first requests come at once: on a small host the refill would take the
 // CPU they need. A pool drained faster than this refills later; forks
 // then restore cold, as without a pool.
-const refillDelay = 2 * time.Second
+var refillDelay = 2 * time.Second // a var: tests shorten it
 
 // topUp refills snapID's pool after refillDelay without making the caller
 // wait: in a detached `nexus pool fill` when the caller is a command about
