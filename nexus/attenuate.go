@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nethersandbox/nether/nexus/store"
@@ -33,10 +34,26 @@ func attenuate(tx *store.Tx, child *trust.Plan, parentDigest string, n int) erro
 	if err != nil {
 		return fmt.Errorf("parent: %w", err)
 	}
-	if err := subset(child, parent); err != nil {
+	if err := errors.Join(subset(child, parent), keepsSecrets(child, parent)); err != nil {
 		return err
 	}
 	return withinGrants(tx, child, parent, parentDigest, n)
+}
+
+// keepsSecrets refuses a child plan that does not list every secret its
+// parent plan lists. attenuate runs for dirty snapshots only, and a
+// dirty snapshot holds whatever its tenant made of its secrets (a copy
+// in a process, a file under /tmp, an environment variable): nether
+// leaves none of its own in a base, but a fork inherits the tenant's
+// memory whole. A child plan that does not list a secret must not get
+// it that way; a clean snapshot, which never held one, forks under any.
+func keepsSecrets(c, p *trust.Plan) error {
+	missing := unlistedSecrets(p.Secrets, c.Secrets)
+	if len(missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("secrets: the snapshot is dirty and its plan handed the sandbox %s, which its tenant may have copied into the memory a fork inherits; the child plan must list %s too (it lists %s), or fork a clean snapshot of a sandbox that never held a secret",
+		strings.Join(p.Secrets, ", "), strings.Join(missing, ", "), orNone(c.Secrets))
 }
 
 // storedPlan reads back a plan admission kept.

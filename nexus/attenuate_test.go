@@ -57,6 +57,7 @@ func TestAttenuation(t *testing.T) {
 			c.Parent, c.Limits.RAMMB = pd, 256
 			c.Limits.MaxRuntimeS = parent.Limits.MaxRuntimeS
 			c.Network.Block = []string{"10.9.0.0/16"}
+			c.Secrets = []string{"TOKEN"}
 			if edit != nil {
 				edit(c)
 			}
@@ -69,6 +70,9 @@ func TestAttenuation(t *testing.T) {
 		want     string // "" admitted
 	}{
 		{"a narrower child", child(nil), 1, ""},
+		// The parent plan hands its sandbox TOKEN: a dirty snapshot's
+		// child plan must list it too.
+		{"no secrets", child(func(c *trust.Plan) { c.Secrets = nil }), 1, "secrets: the snapshot is dirty and its plan handed the sandbox TOKEN, which its tenant may have copied into the memory a fork inherits; the child plan must list TOKEN too (it lists none)"},
 		{"more RAM than the parent", child(func(c *trust.Plan) { c.Limits.RAMMB = 2048 }), 1, "limits.ram_mb: the child plan asks for 2048, its parent allows 1024"},
 		{"an unbounded runtime", child(func(c *trust.Plan) { c.Limits.MaxRuntimeS = 0 }), 1, "limits.max_runtime_s: the child plan asks for no bound"},
 		{"a wider allow-list", child(func(c *trust.Plan) {
@@ -118,6 +122,7 @@ func TestReservationsHoldAFork(t *testing.T) {
 	child := planAt(func(c *trust.Plan) {
 		c.Parent, c.Limits.RAMMB, c.Limits.MaxRuntimeS = pd, 256, parent.Limits.MaxRuntimeS
 		c.Network.Block = []string{"10.9.0.0/16"}
+		c.Secrets = parent.Secrets
 	})
 	check := func(n int) error {
 		return db.View(func(tx *store.Tx) error { return attenuate(tx, child, pd, n) })

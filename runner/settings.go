@@ -186,23 +186,10 @@ func CheckHostname(h string) error { return conf.CheckHostname(h) }
 
 // CheckSecrets refuses a set of secrets nether would refuse (names,
 // count, size), before anything starts.
-func CheckSecrets(secrets map[string][]byte) error { return agentproto.CheckSecrets(asText(secrets)) }
+func CheckSecrets(secrets map[string][]byte) error { return agentproto.CheckSecrets(secrets) }
 
 // SecretNames are the names of secrets, sorted.
-func SecretNames(secrets map[string][]byte) []string { return agentproto.SecretNames(asText(secrets)) }
+func SecretNames(secrets map[string][]byte) []string { return agentproto.SecretNames(secrets) }
 
 // EncodeSecrets is secrets as nether reads them from secrets_fd.
-func EncodeSecrets(secrets map[string][]byte) []byte {
-	return agentproto.EncodeSecrets(asText(secrets))
-}
-
-func asText(secrets map[string][]byte) map[string]agentproto.Text {
-	if len(secrets) == 0 {
-		return nil
-	}
-	out := make(map[string]agentproto.Text, len(secrets))
-	for k, v := range secrets {
-		out[k] = agentproto.Text(v)
-	}
-	return out
-}
+func EncodeSecrets(secrets map[string][]byte) []byte { return agentproto.EncodeSecrets(secrets) }

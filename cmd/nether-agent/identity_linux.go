@@ -20,6 +20,13 @@ const (
 	secretsDir   = "/run/secrets"
 )
 
+// scrub zeroes what a request held of secrets: its metadata and the
+// values decoded from it.
+func scrub(meta []byte, secrets agentproto.Secrets) {
+	clear(meta)
+	secrets.Wipe()
+}
+
 // provision serves OpProvision: a booted guest's identity and secrets,
 // before the host lets any command run.
 func (a *agent) provision(s *channel.Stream, req agentproto.Request) {
@@ -33,6 +40,16 @@ func (a *agent) provision(s *channel.Stream, req agentproto.Request) {
 		return
 	}
 	s.CloseWrite([]byte("ok 0 " + agentproto.Provisioned))
+}
+
+// withdraw serves OpWithdraw: /run/secrets emptied, each file zeroed
+// before it goes, before a capture copies the guest's memory.
+func (a *agent) withdraw(s *channel.Stream) {
+	if err := a.provisionFiles(nil, nil, true); err != nil {
+		s.Reset("withdraw: " + err.Error())
+		return
+	}
+	s.CloseWrite([]byte("ok 0 " + agentproto.Withdrawn))
 }
 
 // runDirs is what the agent knows of the directories identity and
@@ -74,7 +91,7 @@ func (a *agent) owner() (int, int) {
 // secrets came: a fork's handshake, so a child never reads its parent's.
 // The secrets belong to the run_as user (root without one), mode 0400
 // in a 0500 directory: the tenant's commands read them, nobody else.
-func (a *agent) provisionFiles(id *agentproto.Identity, secrets map[string]agentproto.Text, wipe bool) error {
+func (a *agent) provisionFiles(id *agentproto.Identity, secrets agentproto.Secrets, wipe bool) error {
 	a.runDirs.mu.Lock()
 	defer a.runDirs.mu.Unlock()
 	prepared := a.runDirs.ready // at boot: /run/nether exists too
@@ -146,9 +163,11 @@ func writeIdentity(path string, id agentproto.Identity) error {
 	return nil
 }
 
-// wipeSecrets overwrites every secret file with zeros, in place, before
-// removing it: tmpfs frees the page without clearing it, and a freed
-// page is still in the memory a later capture saves.
+// wipeSecrets overwrites every secret file with zeros, in place, and
+// truncates it before removing it: tmpfs frees the page without clearing
+// it, and a freed page is still in the memory a later capture saves. A
+// file it could not zero is named in the error (and removed all the
+// same: the tenant must not keep reading it).
 func wipeSecrets(dir string) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
@@ -161,11 +180,8 @@ func wipeSecrets(dir string) error {
 	for _, e := range entries {
 		p := filepath.Join(dir, e.Name())
 		if e.Type().IsRegular() {
-			if f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NOFOLLOW, 0); err == nil {
-				if fi, err := f.Stat(); err == nil && fi.Size() > 0 {
-					f.WriteAt(make([]byte, fi.Size()), 0)
-				}
-				f.Close()
+			if err := zeroFile(p); err != nil {
+				errs = append(errs, err.Error())
 			}
 		}
 		if err := os.RemoveAll(p); err != nil {
@@ -178,16 +194,36 @@ func wipeSecrets(dir string) error {
 	return nil
 }
 
+// zeroFile overwrites path's bytes with zeros, syncs and truncates it.
+func zeroFile(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return fmt.Errorf("zeroing %s: %w", filepath.Base(path), err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err == nil && fi.Size() > 0 {
+		_, err = f.WriteAt(make([]byte, fi.Size()), 0)
+	}
+	if err == nil {
+		err = errors.Join(f.Sync(), f.Truncate(0))
+	}
+	if err != nil {
+		return fmt.Errorf("zeroing %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
 // writeSecrets writes each secret to dir/NAME, which must exist. The
 // names were checked when the request was decoded
 // (agentproto.CheckSecrets): one file name each, none starting with '.'.
-func writeSecrets(dir string, secrets map[string]agentproto.Text, uid, gid int) error {
+func writeSecrets(dir string, secrets agentproto.Secrets, uid, gid int) error {
 	for _, name := range agentproto.SecretNames(secrets) {
 		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o400)
 		if err != nil {
 			return fmt.Errorf("secret %s: %w", name, err)
 		}
-		_, werr := f.Write([]byte(secrets[name]))
+		_, werr := f.Write(secrets[name])
 		var oerr error
 		if uid != 0 || gid != 0 {
 			oerr = f.Chown(uid, gid)

@@ -20,7 +20,7 @@ func TestProvisionFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := &agentproto.Identity{NodeID: "n", VMID: "vm", BootID: "b1", PlanDigest: "d", Token: "t.s"}
-	if err := a.provisionFiles(id, map[string]agentproto.Text{"API_KEY": "v1\x00", "db.pass": "v2"}, false); err != nil {
+	if err := a.provisionFiles(id, agentproto.Secrets{"API_KEY": []byte("v1\x00"), "db.pass": []byte("v2")}, false); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(a.identityFile); err != nil || string(b) != "node_id=n\nvm_id=vm\nboot_id=b1\nplan_digest=d\ntoken=t.s\n" {
@@ -53,7 +53,7 @@ func TestProvisionFiles(t *testing.T) {
 		t.Fatalf("after the wipe /run/secrets holds %v", entries)
 	}
 	// A fork's own secrets, owned by the run_as user.
-	if err := a.provisionFiles(&agentproto.Identity{BootID: "b2"}, map[string]agentproto.Text{"CHILD": "c"}, true); err != nil {
+	if err := a.provisionFiles(&agentproto.Identity{BootID: "b2"}, agentproto.Secrets{"CHILD": []byte("c")}, true); err != nil {
 		t.Fatal(err)
 	}
 	check("CHILD", "c")
@@ -79,7 +79,7 @@ func TestProvisionFiles(t *testing.T) {
 func TestProvisionWithoutPreparedDirs(t *testing.T) {
 	dir := t.TempDir()
 	a := &agent{policy: &runAsPolicy{}, identityFile: filepath.Join(dir, "nether", "identity"), secretsDir: filepath.Join(dir, "secrets")}
-	if err := a.provisionFiles(&agentproto.Identity{BootID: "b"}, map[string]agentproto.Text{"K": "v"}, true); err != nil {
+	if err := a.provisionFiles(&agentproto.Identity{BootID: "b"}, agentproto.Secrets{"K": []byte("v")}, true); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(a.secretsDir, "K")); err != nil || string(b) != "v" {

@@ -96,6 +96,14 @@ var shellEnv = []string{
 
 func (a *agent) serve(s *channel.Stream) {
 	req, err := agentproto.Decode(s.Meta())
+	if err != nil || req.Secrets != nil {
+		// Secrets leave nothing behind in the agent: the metadata they
+		// came in (base64) and their decoded values are zeroed once the
+		// request is served. Go frees memory without clearing it, and
+		// guest memory is what a snapshot saves and a fork reads. (A
+		// request that failed to decode may have held some too.)
+		defer scrub(s.Meta(), req.Secrets)
+	}
 	if err != nil {
 		s.Reset(err.Error())
 		return
@@ -124,6 +132,8 @@ func (a *agent) serve(s *channel.Stream) {
 		a.provision(s, req)
 	case agentproto.OpClock:
 		a.clock(s, req)
+	case agentproto.OpWithdraw:
+		a.withdraw(s)
 	case agentproto.OpConnect:
 		a.connect(s, req)
 	case agentproto.OpListen:

@@ -195,7 +195,7 @@ func guestDir() string {
 // readSecrets reads the sandbox's secrets from the descriptor the
 // orchestrator handed nether (0: none) and closes it: they live in this
 // process's memory and the guest's, never in a file.
-func readSecrets(fd int) (map[string]agentproto.Text, error) {
+func readSecrets(fd int) (agentproto.Secrets, error) {
 	if fd == 0 {
 		return nil, nil
 	}

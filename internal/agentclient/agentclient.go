@@ -173,6 +173,21 @@ func (c *Client) provision(ctx context.Context, req agentproto.Request) error {
 	return c.ask(ctx, req, "handing the guest its identity and secrets", "ok 0 "+agentproto.Provisioned)
 }
 
+// Provision hands a running guest its secrets (and identity, when req
+// has one) again: after a capture withdrew them (Withdraw).
+func (c *Client) Provision(ctx context.Context, req agentproto.Request) error {
+	return c.provision(ctx, req)
+}
+
+// Withdraw has the agent empty /run/secrets, zeroing each file before it
+// removes it (OpWithdraw): what a base capture does first, so that the
+// memory it saves holds none of the secrets the agent wrote.
+func (c *Client) Withdraw(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, c.StallTimeout)
+	defer cancel()
+	return c.ask(ctx, agentproto.Request{Op: agentproto.OpWithdraw}, "withdrawing the guest's secrets", "ok 0 "+agentproto.Withdrawn)
+}
+
 // ask sends req, stamped with the session epoch, with no payload, and
 // waits for the agent to close it with the status want; doing names the
 // request in errors.

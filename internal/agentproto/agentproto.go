@@ -115,7 +115,17 @@ const (
 	// and answers "ok 0": nether's periodic correction of a guest whose
 	// clock has drifted. An agent that predates it refuses it by name.
 	OpClock = "clock"
+	// OpWithdraw empties /run/secrets, host -> agent: the agent zeroes
+	// each secret file in place, removes it and answers "ok 0
+	// withdrawn". A base capture withdraws the secrets before it copies
+	// the guest's memory and provisions them again once the guest runs
+	// on, so a base holds none of what the agent wrote. (Added without a
+	// bump, as OpReseed: an agent that predates it refuses it by name.)
+	OpWithdraw = "withdraw"
 )
+
+// Withdrawn is the word OpWithdraw's status ends with.
+const Withdrawn = "withdrawn"
 
 // The bounds of a reseed's Seed: at least a CRNG key's worth of
 // randomness, and no reason for more than a few.
@@ -190,7 +200,7 @@ type Request struct {
 	// Secrets (provision, restored) replace /run/secrets. A fork's
 	// handshake always empties /run/secrets first: a child never keeps
 	// its parent's secrets, only those its own admission supplied.
-	Secrets map[string]Text `json:"secrets,omitempty"`
+	Secrets Secrets `json:"secrets,omitempty"`
 }
 
 // Encode returns the request as stream metadata.
@@ -206,7 +216,7 @@ func Decode(b []byte) (Request, error) {
 		return r, fmt.Errorf("decoding agent request: %w", err)
 	}
 	switch r.Op {
-	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen, OpReseed, OpProvision, OpClock:
+	case OpHello, OpExec, OpPut, OpGet, OpPoweroff, OpRestored, OpConnect, OpListen, OpReseed, OpProvision, OpClock, OpWithdraw:
 		if r.Identity != nil {
 			if err := r.Identity.Check(); err != nil {
 				return r, err

@@ -60,8 +60,22 @@ func (id Identity) File() string {
 }
 
 // Secrets are what a sandbox's admission supplied, by name, delivered by
-// the agent into /run/secrets/NAME (guest memory only). They travel in
-// one request's metadata, so their sum is bounded well under a frame.
+// the agent into /run/secrets/NAME (guest memory only). A value is a
+// []byte, never a string, so that whoever is done with it can zero it
+// (Wipe): memory a program frees keeps its bytes until it is reused, and
+// guest memory is what a snapshot saves and a fork reads. On the wire a
+// value is base64, as a Text is.
+type Secrets map[string][]byte
+
+// Wipe zeroes every value in place. The map keeps its names.
+func (s Secrets) Wipe() {
+	for _, v := range s {
+		clear(v)
+	}
+}
+
+// They travel in one request's metadata, so their sum is bounded well
+// under a frame.
 const (
 	MaxSecrets     = 32
 	MaxSecretName  = 64
@@ -92,7 +106,7 @@ func CheckSecretName(name string) error {
 }
 
 // CheckSecrets says why a set of secrets cannot be delivered, or nil.
-func CheckSecrets(s map[string]Text) error {
+func CheckSecrets(s Secrets) error {
 	if len(s) > MaxSecrets {
 		return fmt.Errorf("%d secrets; at most %d", len(s), MaxSecrets)
 	}
@@ -111,7 +125,7 @@ func CheckSecrets(s map[string]Text) error {
 
 // SecretNames returns the names of s, sorted: what logs and audit
 // records show of secrets (never a value).
-func SecretNames(s map[string]Text) []string {
+func SecretNames(s Secrets) []string {
 	names := make([]string, 0, len(s))
 	for n := range s {
 		names = append(names, n)
@@ -132,27 +146,30 @@ const maxSecretsEncoding = MaxSecretBytes*2 + MaxSecrets*(MaxSecretName+8) + 64
 
 // EncodeSecrets is how an orchestrator hands nether a sandbox's secrets
 // (nether.conf's secrets_fd): a JSON object of name to base64 value.
-func EncodeSecrets(s map[string]Text) []byte {
+func EncodeSecrets(s Secrets) []byte {
 	b, _ := json.Marshal(s) // cannot fail: strings and bytes
 	return b
 }
 
 // ReadSecrets reads EncodeSecrets' form from r, checked
-// (CheckSecrets). Nothing of a value is ever in its errors.
-func ReadSecrets(r io.Reader) (map[string]Text, error) {
+// (CheckSecrets). Nothing of a value is ever in its errors, and the
+// encoded bytes it read are zeroed before it returns.
+func ReadSecrets(r io.Reader) (Secrets, error) {
 	b, err := io.ReadAll(io.LimitReader(r, maxSecretsEncoding+1))
+	defer clear(b)
 	if err != nil {
 		return nil, fmt.Errorf("reading the secrets: %w", err)
 	}
 	if len(b) > maxSecretsEncoding {
 		return nil, fmt.Errorf("the secrets are over %d bytes encoded", maxSecretsEncoding)
 	}
-	var s map[string]Text
+	var s Secrets
 	if err := json.Unmarshal(b, &s); err != nil {
 		// json's messages quote no input beyond a character.
 		return nil, fmt.Errorf("the secrets are not a JSON object of name to base64 value: %w", err)
 	}
 	if err := CheckSecrets(s); err != nil {
+		s.Wipe()
 		return nil, err
 	}
 	return s, nil

@@ -8,14 +8,14 @@ import (
 )
 
 func TestReadSecrets(t *testing.T) {
-	good := map[string]Text{"API_KEY": "\x00\xffvalue", "db.pass": ""}
+	good := Secrets{"API_KEY": []byte("\x00\xffvalue"), "db.pass": []byte("")}
 	back, err := ReadSecrets(bytes.NewReader(EncodeSecrets(good)))
 	if err != nil || !reflect.DeepEqual(back, good) {
 		t.Fatalf("round trip: %q, %v", back, err)
 	}
-	many := map[string]Text{}
+	many := Secrets{}
 	for i := 0; i <= MaxSecrets; i++ {
-		many[strings.Repeat("k", i+1)] = "v"
+		many[strings.Repeat("k", i+1)] = []byte("v")
 	}
 	for _, tt := range []struct {
 		name, in, want string
@@ -26,7 +26,7 @@ func TestReadSecrets(t *testing.T) {
 		{"hidden", `{".x":""}`, "starts with '.'"},
 		{"empty name", `{"":""}`, "cannot be empty"},
 		{"too many", string(EncodeSecrets(many)), "at most 32"},
-		{"too large", string(EncodeSecrets(map[string]Text{"A": Text(strings.Repeat("x", MaxSecretBytes+1))})), "at most 16384 together"},
+		{"too large", string(EncodeSecrets(Secrets{"A": []byte(strings.Repeat("x", MaxSecretBytes+1))})), "at most 16384 together"},
 		{"huge", strings.Repeat(" ", maxSecretsEncoding+1), "encoded"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -39,7 +39,7 @@ func TestReadSecrets(t *testing.T) {
 }
 
 func TestIdentityCheckAndDecode(t *testing.T) {
-	ok := Request{Op: OpProvision, Identity: &Identity{BootID: "b", Token: "a.b"}, Secrets: map[string]Text{"K": "v"}}
+	ok := Request{Op: OpProvision, Identity: &Identity{BootID: "b", Token: "a.b"}, Secrets: Secrets{"K": []byte("v")}}
 	if _, err := Decode(ok.Encode()); err != nil {
 		t.Fatal(err)
 	}
@@ -50,7 +50,7 @@ func TestIdentityCheckAndDecode(t *testing.T) {
 	}{
 		{"newline in a field", Request{Op: OpRestored, Identity: &Identity{BootID: "b\nroot=1"}}, "byte 0x0a"},
 		{"overlong token", Request{Op: OpProvision, Identity: &Identity{Token: strings.Repeat("t", MaxIdentityField+1)}}, "at most 2048"},
-		{"bad secret name", Request{Op: OpRestored, Secrets: map[string]Text{"a/b": ""}}, "holds '/'"},
+		{"bad secret name", Request{Op: OpRestored, Secrets: Secrets{"a/b": []byte("")}}, "holds '/'"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if _, err := Decode(tt.req.Encode()); err == nil || !strings.Contains(err.Error(), tt.want) {

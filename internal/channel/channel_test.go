@@ -959,3 +959,73 @@ func TestSmallWriteSmallFrame(t *testing.T) {
 	}
 	host.Thaw()
 }
+
+// An open's metadata may carry secrets: once decoded, the only copy is
+// the frame's payload, never the decoder's buffer, whether the frame
+// came whole, split across reads (its start moved to the front), or with
+// the buffer grown under it.
+func TestDecoderLeavesNoCopyOfAnOpen(t *testing.T) {
+	secret := []byte("SECRET-3f9a1c-not-anywhere-else")
+	meta := append(append(bytes.Repeat([]byte{'m'}, 300), secret...), bytes.Repeat([]byte{'m'}, 300)...)
+	open := appendFrame(nil, &frame{typ: typeOpen, stream: 2, seq: 1, payload: meta})
+	data := appendFrame(nil, &frame{typ: typeData, stream: 2, seq: 2, payload: bytes.Repeat([]byte{'d'}, 20<<10)})
+	for _, tc := range []struct {
+		name  string
+		feeds [][]byte
+	}{
+		{"whole", [][]byte{open}},
+		{"split", [][]byte{data[:len(data)-1], append(data[len(data)-1:], open[:400]...), open[400:]}},
+		{"grown", [][]byte{open[:500], append(open[500:len(open):len(open)], bytes.Repeat([]byte{0}, 3*decoderBuf)...)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var d Decoder
+			d.buf = make([]byte, 0, decoderBuf)
+			var got *frame
+			for _, p := range tc.feeds {
+				before := d.buf[:cap(d.buf)]
+				d.Feed(p)
+				for {
+					f, err := d.next()
+					if err != nil {
+						break
+					}
+					if f.typ == typeOpen {
+						got = f
+					}
+				}
+				if bytes.Contains(before, secret) && &before[0] != &d.buf[:cap(d.buf)][0] {
+					t.Errorf("a buffer the decoder dropped holds the open's metadata")
+				}
+			}
+			if got == nil || !bytes.Equal(got.payload, meta) {
+				t.Fatalf("decoded %v", got)
+			}
+			if bytes.Contains(d.buf[:cap(d.buf)], secret) {
+				t.Errorf("the decoder's buffer holds the open's metadata after decoding it")
+			}
+		})
+	}
+}
+
+// Filler (Mux.Pad) crosses the transport whole, in order, and the peer
+// discards it without a word: the stream opened after it arrives intact,
+// and nothing was skipped as garbage.
+func TestPadIsDiscardedInOrder(t *testing.T) {
+	host, guest, _, _ := pair(t)
+	host.Pad(3 * MaxPayload)
+	s, err := host.Open([]byte("after the filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.CloseWrite([]byte("done"))
+	g := accept(t, guest)
+	if string(g.Meta()) != "after the filler" {
+		t.Fatalf("meta %q", g.Meta())
+	}
+	guest.mu.Lock()
+	skipped, in := guest.skipped, guest.bytesIn
+	guest.mu.Unlock()
+	if skipped != 0 || in > 1024 {
+		t.Errorf("the guest skipped %d bytes and counted %d payload bytes in: filler must be parsed and dropped", skipped, in)
+	}
+}

@@ -286,14 +286,16 @@ func (m *Mux) planLaneLocked(batch []*pending, runs []laneRun) []laneRun {
 		return append(runs, laneRun{from: 0, to: len(batch), off: -1})
 	}
 	for from := 0; from < len(batch); {
-		to, n, maxSeq := from, int64(laneHeaderLen), uint64(0)
+		to, n, maxSeq, pad := from, int64(laneHeaderLen), uint64(0), false
 		for to < len(batch) && (to == from || n+int64(len(batch[to].enc)) <= l.maxBatch) {
 			n += int64(len(batch[to].enc))
 			maxSeq = max(maxSeq, batch[to].seq)
+			pad = pad || batch[to].enc[2] == typePad
 			to++
 		}
 		off, id := int64(-1), uint64(0)
-		if n >= laneMin && maxSeq > 0 {
+		// Filler is for the port's own buffers (Mux.Pad).
+		if n >= laneMin && maxSeq > 0 && !pad {
 			if o, ok := l.allocLocked(n, maxSeq); ok {
 				off, id = o, l.nextID
 				l.nextID++

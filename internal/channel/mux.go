@@ -305,6 +305,8 @@ func (m *Mux) handleLocked(f *frame) {
 			m.lane.peer = true
 		}
 		return
+	case f.typ == typePad:
+		return
 	case f.seq <= m.recvSeq:
 		// A resent frame we already have: our ack covers it, and the
 		// peer learns so now rather than after ackDelay.
@@ -550,6 +552,25 @@ func (m *Mux) writeLoop() {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+}
+
+// Pad sends at least n bytes of filler through the transport (never the
+// bulk lane), which the peer reads and discards. A virtio-serial port's
+// receive buffers are guest pages reused in turn, and each keeps the
+// bytes of what it last carried until the port fills it again: filler of
+// more than the port's buffers overwrites every one (a frame that carried
+// secrets, say, before the guest's memory is captured). The filler goes
+// in order with everything else, so a request sent after it is answered
+// only once the peer has read past it. A peer from before typePad skips
+// it as garbage.
+func (m *Mux) Pad(n int) {
+	filler := make([]byte, MaxPayload)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for sent := 0; sent < n; sent += headerLen + MaxPayload {
+		m.outq = append(m.outq, &pending{enc: appendFrame(nil, &frame{typ: typePad, payload: filler}), refs: 1})
+	}
+	m.cond.Broadcast()
 }
 
 // Freeze stops the Mux from writing to the transport and from delivering

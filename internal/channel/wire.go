@@ -37,6 +37,8 @@ const (
 	// typeBulk is unsequenced: empty, "I read your half of the bulk lane";
 	// else a descriptor of a batch of frames in the sender's half (lane.go).
 	typeBulk byte = 8
+	// typePad is unsequenced filler the receiver discards (Mux.Pad).
+	typePad byte = 9
 )
 
 const (
@@ -175,14 +177,18 @@ func (d *Decoder) reserve(n int) {
 	if cap(d.buf)-len(d.buf) >= n {
 		return
 	}
+	// The unparsed bytes (part of a frame, perhaps an open: see next)
+	// leave no copy behind where they were.
 	unparsed := len(d.buf) - d.off
 	if unparsed+n <= cap(d.buf) {
 		copy(d.buf, d.buf[d.off:])
+		clear(d.buf[max(unparsed, d.off):])
 		d.buf, d.off = d.buf[:unparsed], 0
 		return
 	}
 	nb := make([]byte, unparsed, max(unparsed+n, 2*cap(d.buf)))
 	copy(nb, d.buf[d.off:])
+	clear(d.buf[d.off:])
 	d.buf, d.off = nb, 0
 }
 
@@ -215,7 +221,7 @@ func (d *Decoder) next() (*frame, error) {
 		}
 		n := int(binary.LittleEndian.Uint32(h[24:]))
 		t := h[2]
-		if n > MaxPayload || t < typeOpen || t > typeBulk {
+		if n > MaxPayload || t < typeOpen || t > typePad {
 			d.drop(1)
 			continue
 		}
@@ -238,13 +244,21 @@ func (d *Decoder) next() (*frame, error) {
 			d.Skipped += uint64(headerLen + n)
 			continue
 		}
-		if n > 0 {
+		if n > 0 && t != typePad {
 			if d.alloc != nil {
 				f.payload = d.alloc(n)
 			} else {
 				f.payload = make([]byte, n)
 			}
 			copy(f.payload, p)
+			if t == typeOpen {
+				// An open's metadata may carry secrets (a provision, a
+				// restore handshake): its only copy is the payload, which
+				// its reader zeroes when done, never the bytes it was
+				// parsed from, which stay in a reused buffer (or the
+				// bulk lane) until overwritten.
+				clear(p)
+			}
 		}
 		return f, nil
 	}

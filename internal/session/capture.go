@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/engine"
 	"github.com/nethersandbox/nether/internal/meter"
 	"github.com/nethersandbox/nether/internal/snapshot"
@@ -114,6 +115,11 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 			s.log.Warn("parking with undelivered bytes, as configured (park_dirty=1)", "why", err)
 		}
 	}
+	giveBack, err := s.withdrawSecrets(ctx, kind)
+	if err != nil {
+		return res, err
+	}
+	defer giveBack() // a capture that failed on the way
 	parent, base, err := s.jail.OpenParent(rel)
 	if err != nil {
 		return res, err
@@ -215,6 +221,7 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 	}
 	if kind == snapshot.KindBase {
 		resumeGuest()
+		giveBack() // now: the tenant's gap ends before the commit's fsyncs
 	}
 	res.pause = time.Since(start)
 	diskStart := time.Now()
@@ -258,6 +265,58 @@ func (s *Session) capture(ctx context.Context, rel string, kind snapshot.Kind) (
 	}
 	s.log.Info("snapshot captured", "kind", kind, "path", rel, "pause_ms", res.pause.Milliseconds(), "ram", res.mode)
 	return res, nil
+}
+
+// portPad is the filler a capture sends before withdrawing secrets:
+// twice the guest's virtio-serial receive buffers (QEMU gives a port's
+// input queue 128 entries, the guest driver a page to each).
+const portPad = 2 * 128 * 4096
+
+// withdrawSecrets empties the guest's /run/secrets before a base is
+// captured and returns what gives them back (once: later calls do
+// nothing), to be called as soon as the guest runs on. A base is only
+// ever restored as a fork, whose handshake empties /run/secrets anyway:
+// the secrets in a base serve no one, and would be there for any fork
+// to read in its memory. The tenant finds /run/secrets empty for the
+// capture's length. A park keeps them (its wake is the same sandbox), and
+// so does a base of a guest that holds secrets this process never had:
+// a park woken without new ones keeps those it parked with, and nether
+// cannot give them back.
+func (s *Session) withdrawSecrets(ctx context.Context, kind snapshot.Kind) (func(), error) {
+	if kind != snapshot.KindBase || len(s.opt.Secrets) == 0 {
+		return func() {}, nil
+	}
+	done := false
+	giveBack := func() {
+		if done {
+			return
+		}
+		done = true
+		// Even when the capture was cancelled: the sandbox goes on.
+		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		req := agentproto.Request{Secrets: s.opt.Secrets}
+		if err := s.agent.Provision(gctx, req); err != nil {
+			s.log.Error("giving the guest its secrets back after a capture", "names", agentproto.SecretNames(req.Secrets), "err", err)
+			s.life("secrets not given back after the capture: %v", err)
+			return
+		}
+		s.log.Info("secrets given back after the capture", "names", agentproto.SecretNames(req.Secrets))
+	}
+	// The port's receive buffers still hold the frame that delivered
+	// them (guest pages, reused in turn): filler through every one of
+	// them first, which the withdrawal's answer comes after.
+	s.mux.Pad(portPad)
+	if err := s.agent.Withdraw(ctx); err != nil {
+		giveBack() // some may be gone
+		return nil, fmt.Errorf("the guest still holds its secrets, which a base must not: %w", err)
+	}
+	// The withdrawal's frames settle like any command's.
+	if err := waitGate(ctx, quiescentWait, s.comps.quiescent); err != nil && !s.cfg.SnapshotAllowDirty {
+		giveBack()
+		return nil, fmt.Errorf("guest not quiescent: %v (set snapshot_allow_dirty=1 to capture anyway)", err)
+	}
+	return giveBack, nil
 }
 
 // waitGate polls a capture gate until it passes or wait runs out (a

@@ -1,7 +1,10 @@
 package session
 
 import (
+	"encoding/json"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -19,10 +22,10 @@ const testDigest = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789ab
 // secrets its own start supplied; the secrets' values are never logged.
 func TestIdentityAndSecrets(t *testing.T) {
 	eng := fake.New(slog.Default())
-	withSecrets := func(s map[string]agentproto.Text) func(*Options) {
+	withSecrets := func(s agentproto.Secrets) func(*Options) {
 		return func(o *Options) { o.Secrets = s }
 	}
-	parentSecrets := map[string]agentproto.Text{"API_KEY": "parent-value-\x00\xff"}
+	parentSecrets := agentproto.Secrets{"API_KEY": []byte("parent-value-\x00\xff")}
 	sb := start(t, eng, "", "sandbox_id = parent-1\nnode_id = node-7\nboot_id = boot-parent\nplan_digest = "+testDigest+"\nidentity_token = tok.parent\n",
 		withSecrets(parentSecrets))
 	c := sb.dial()
@@ -48,7 +51,7 @@ func TestIdentityAndSecrets(t *testing.T) {
 	sb.expectEnd(5*time.Second, 0, "shutdown")
 
 	base, _ := snapshotBase(t, eng, "base")
-	childSecrets := map[string]agentproto.Text{"API_KEY": "child-value"}
+	childSecrets := agentproto.Secrets{"API_KEY": []byte("child-value")}
 	_, fc, fm := restoreOf(t, eng, base, "node_id = node-7\nboot_id = boot-child\n", withSecrets(childSecrets))
 	finfo := infoOf(t, fc)
 	if finfo["boot_id"] != "boot-child" || fm.Identity().BootID != "boot-child" || fm.Identity().VMID != finfo["sandbox_id"] {
@@ -65,5 +68,49 @@ func TestIdentityAndSecrets(t *testing.T) {
 	_, mc, _ := restoreOf(t, eng, base, "")
 	if id := infoOf(t, mc)["boot_id"]; id == "-" || id == "boot-child" || len(id) != 26 {
 		t.Errorf("a minted boot_id %q, want a new ULID", id)
+	}
+}
+
+// TestBaseCaptureWithdrawsSecrets: a base of a sandbox given secrets
+// holds none of them (the agent emptied /run/secrets first) and the
+// sandbox has them back once its guest runs on; a park keeps them, for
+// its wake is the same sandbox.
+func TestBaseCaptureWithdrawsSecrets(t *testing.T) {
+	eng := fake.New(slog.Default())
+	secrets := agentproto.Secrets{"API_KEY": []byte("value-\x00\xff")}
+	sb := start(t, eng, "", "", func(o *Options) { o.Secrets = secrets })
+	c := sb.dial()
+	mustRun(t, c, "echo up")
+	m := eng.Machines()[len(eng.Machines())-1]
+	captured := func(name string) agentproto.Secrets {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(sb.dir, name, "state"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st struct{ Secrets agentproto.Secrets }
+		if err := json.Unmarshal(b, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Secrets
+	}
+	if out := mustRun(t, c, "__snapshot__ base"); !strings.HasPrefix(out, "OK snapshot base kind=base") {
+		t.Fatalf("snapshot reply %q", out)
+	}
+	if got := captured("base"); got != nil {
+		t.Errorf("the base holds secrets %q", got)
+	}
+	if got := m.Secrets(); !reflect.DeepEqual(got, secrets) || m.Withdrawals() != 1 {
+		t.Errorf("after the capture the guest holds %q (want %q given back), %d withdrawals (want 1)", got, secrets, m.Withdrawals())
+	}
+	if out := mustRun(t, c, "__park__ p"); !strings.HasPrefix(out, "OK parked p") {
+		t.Fatalf("park reply %q", out)
+	}
+	sb.expectEnd(5*time.Second, 0, "park")
+	if got := captured("p"); !reflect.DeepEqual(got, secrets) || m.Withdrawals() != 1 {
+		t.Errorf("the park holds secrets %q (want %q), %d withdrawals (want 1)", got, secrets, m.Withdrawals())
+	}
+	if strings.Contains(sb.logs.String(), "value-") {
+		t.Error("a secret's value reached the log")
 	}
 }

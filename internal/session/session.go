@@ -109,7 +109,7 @@ type Options struct {
 	// Secrets are the sandbox's secrets (read from nether.conf's
 	// secrets_fd), delivered to the guest's /run/secrets after the boot
 	// or in the restore handshake, before the first command.
-	Secrets map[string]agentproto.Text
+	Secrets agentproto.Secrets
 	// installed, when set, is called with the session once its machine
 	// is installed: the unit tests' way to the channel, to send what a
 	// host of an older session would. Nothing else sets it.

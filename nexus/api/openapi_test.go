@@ -16,11 +16,10 @@ import (
 // people; these tests read the few things they check from its text, which
 // its regular indentation (two spaces a level) makes unambiguous.
 
-// openapiOps is every "METHOD /path" under paths:.
-func openapiOps(t *testing.T) []string {
-	t.Helper()
-	var ops []string
-	inPaths, path := false, ""
+// walkPaths calls op for each operation under paths: as it starts
+// ("METHOD /path"), and line for each line inside it.
+func walkPaths(t *testing.T, op func(string), line func(op, l string)) {
+	inPaths, path, cur := false, "", ""
 	pathRE := regexp.MustCompile(`^  (/\S*):\s*$`)
 	opRE := regexp.MustCompile(`^    (get|put|post|delete|patch|head|options|trace):\s*$`)
 	for _, l := range strings.Split(string(OpenAPI), "\n") {
@@ -32,14 +31,24 @@ func openapiOps(t *testing.T) []string {
 			continue
 		}
 		if m := pathRE.FindStringSubmatch(l); m != nil {
-			path = m[1]
+			path, cur = m[1], ""
 		} else if m := opRE.FindStringSubmatch(l); m != nil {
-			if path == "" {
+			if path == "" && t != nil {
 				t.Fatalf("openapi.yaml: %q before any path", l)
 			}
-			ops = append(ops, strings.ToUpper(m[1])+" "+path)
+			cur = strings.ToUpper(m[1]) + " " + path
+			op(cur)
+		} else if cur != "" && line != nil {
+			line(cur, l)
 		}
 	}
+}
+
+// openapiOps is every "METHOD /path" under paths:.
+func openapiOps(t *testing.T) []string {
+	t.Helper()
+	var ops []string
+	walkPaths(t, func(op string) { ops = append(ops, op) }, nil)
 	return ops
 }
 

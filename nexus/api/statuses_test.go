@@ -57,34 +57,14 @@ func recording(h http.Handler) http.Handler {
 // document: "METHOD /path" -> statuses.
 func documentedStatuses() map[string]map[int]bool {
 	doc := map[string]map[int]bool{}
-	inPaths, path, op := false, "", ""
-	pathRE := regexp.MustCompile(`^  (/\S*):\s*$`)
-	opRE := regexp.MustCompile(`^    (get|put|post|delete|patch):\s*$`)
 	codeRE := regexp.MustCompile(`^        '(\d{3})':`)
-	for _, l := range strings.Split(string(OpenAPI), "\n") {
-		if l != "" && l[0] != ' ' {
-			inPaths = strings.HasPrefix(l, "paths:")
-			continue
-		}
-		if !inPaths {
-			continue
-		}
-		switch m := pathRE.FindStringSubmatch(l); {
-		case m != nil:
-			path, op = m[1], ""
-			continue
-		}
-		if m := opRE.FindStringSubmatch(l); m != nil {
-			op = strings.ToUpper(m[1]) + " " + path
-			doc[op] = map[int]bool{}
-			continue
-		}
-		if m := codeRE.FindStringSubmatch(l); m != nil && op != "" {
+	walkPaths(nil, func(op string) { doc[op] = map[int]bool{} }, func(op, l string) {
+		if m := codeRE.FindStringSubmatch(l); m != nil {
 			var code int
 			fmt.Sscan(m[1], &code)
 			doc[op][code] = true
 		}
-	}
+	})
 	return doc
 }
 

@@ -29,6 +29,7 @@ func TestForkTrustPracticalTest(t *testing.T) {
 	x.must("trust", "add", strings.TrimSpace(x.must("key", "create", "ops")))
 	n := 0
 	var rootNotAfter any
+	secrets := []string{"API_KEY"}
 	plan := func(parent string) string {
 		t.Helper()
 		var p map[string]any
@@ -37,7 +38,7 @@ func TestForkTrustPracticalTest(t *testing.T) {
 		}
 		p["limits"].(map[string]any)["ram_mb"] = 256
 		p["network"] = map[string]any{"net": true}
-		p["secrets"] = []string{"API_KEY"}
+		p["secrets"] = secrets
 		if parent == "" {
 			rootNotAfter = p["not_after"]
 			p["grants"] = map[string]any{"max_descendants": 2, "fork_budget": map[string]any{"ram_mb": 512}}
@@ -70,6 +71,11 @@ func TestForkTrustPracticalTest(t *testing.T) {
 	parent := x.inspect("parent")
 	// A secret the child plan does not list is refused by name.
 	x.refused(7, []string{"--plan", plan(parent.Plan), "--secret", "OTHER=x", "fork", "s"}, "secrets OTHER: the plan does not list them")
+	// Nor does a child plan that lists none of the parent's: its memory
+	// would be what the parent's tenant made of them.
+	secrets = nil
+	x.refused(7, []string{"--plan", plan(parent.Plan), "fork", "s"}, "the snapshot is dirty and its plan handed the sandbox API_KEY", "the child plan must list API_KEY too (it lists none)")
+	secrets = []string{"API_KEY"}
 	kidID := ids1(x.must("--plan", plan(parent.Plan), "--secret", "API_KEY=@"+betaFile, "fork", "s"))
 	kid := x.inspect(kidID)
 

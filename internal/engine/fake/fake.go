@@ -238,7 +238,9 @@ type Machine struct {
 	// identity and secrets are what the last provision or handshake
 	// handed the agent (/run/nether/identity, /run/secrets).
 	identity agentproto.Identity
-	secrets  map[string]agentproto.Text
+	secrets  agentproto.Secrets
+	// withdrawals counts OpWithdraw requests served.
+	withdrawals int
 
 	// The NIC's frame channel (nil without Spec.NIC): a new pair for
 	// every machine, a restore's too, as QEMU's.
@@ -259,6 +261,8 @@ type state struct {
 	Frame     *framebuf.Image   `json:"frame,omitempty"` // the display's memory
 	Hostname  string            `json:"hostname,omitempty"`
 	MachineID string            `json:"machine_id,omitempty"`
+	// Secrets are /run/secrets at the capture: in guest memory.
+	Secrets agentproto.Secrets `json:"secrets,omitempty"`
 }
 
 // section is the fake engine's metadata in an artifact.
@@ -479,10 +483,18 @@ func (m *Machine) Identity() agentproto.Identity {
 }
 
 // Secrets are /run/secrets as the guest's agent last wrote them.
-func (m *Machine) Secrets() map[string]agentproto.Text {
+func (m *Machine) Secrets() agentproto.Secrets {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.secrets
+}
+
+// Withdrawals is how many times the agent emptied /run/secrets for a
+// capture (OpWithdraw).
+func (m *Machine) Withdrawals() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.withdrawals
 }
 
 // File returns a file the guest holds.
@@ -586,7 +598,7 @@ func (m *Machine) Capture(ctx context.Context, sink engine.Sink) (engine.Capture
 		return engine.Captured{}, err
 	}
 	m.mu.Lock()
-	st := state{Guest: guest, Files: m.files, Epoch: m.epoch, Frame: m.frame, Hostname: m.hostname, MachineID: m.machineID}
+	st := state{Guest: guest, Files: m.files, Epoch: m.epoch, Frame: m.frame, Hostname: m.hostname, MachineID: m.machineID, Secrets: m.secrets}
 	b, err := json.Marshal(st)
 	m.mu.Unlock()
 	if err != nil {
@@ -637,7 +649,7 @@ func (m *Machine) LoadIncoming(ctx context.Context) error {
 	}
 	m.mu.Lock()
 	m.files, m.epoch, m.paused = st.Files, st.Epoch, true
-	m.hostname, m.machineID = st.Hostname, st.MachineID
+	m.hostname, m.machineID, m.secrets = st.Hostname, st.MachineID, st.Secrets
 	if m.spec.Display {
 		if st.Frame == nil || st.Frame.Check() != nil {
 			m.mu.Unlock()
@@ -763,6 +775,16 @@ func (m *Machine) serve(st *channel.Stream) {
 		m.provision(req, false)
 		m.mu.Unlock()
 		st.CloseWrite([]byte("ok 0 " + agentproto.Provisioned))
+	case agentproto.OpWithdraw:
+		if m.fault().OldAgent {
+			st.Reset(fmt.Sprintf("unknown agent operation %q", req.Op))
+			return
+		}
+		m.mu.Lock()
+		m.secrets = nil
+		m.withdrawals++
+		m.mu.Unlock()
+		st.CloseWrite([]byte("ok 0 " + agentproto.Withdrawn))
 	case agentproto.OpReseed:
 		if m.fault().OldAgent {
 			st.Reset(fmt.Sprintf("unknown agent operation %q", req.Op))
