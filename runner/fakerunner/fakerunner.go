@@ -59,6 +59,7 @@ type sandbox struct {
 	files    map[string][]byte
 	stats    runner.Stats
 	began    time.Time
+	secrets  map[string][]byte // what its launch handed it (nil = none)
 }
 
 // New makes a Fake.
@@ -105,7 +106,7 @@ func (f *Fake) Launch(dir string, s runner.Settings, secrets map[string][]byte) 
 	if err := f.fail(dir, Spawn); err != nil {
 		return runner.Proc{}, fmt.Errorf("starting nether: %w", err)
 	}
-	sb := &sandbox{dir: dir, alive: true, settings: s, files: map[string][]byte{}, stats: runner.Stats{}, began: time.Now()}
+	sb := &sandbox{dir: dir, alive: true, settings: s, files: map[string][]byte{}, stats: runner.Stats{}, began: time.Now(), secrets: copySecrets(secrets)}
 	var startErr error
 	if s.RestoreFrom != "" {
 		a, err := readMeta(s.RestoreFrom)
@@ -183,6 +184,28 @@ func (f *Fake) Settings(dir string) (runner.Settings, bool) {
 		return sb.settings, true
 	}
 	return runner.Settings{}, false
+}
+
+// Secrets are the secrets the live nether in dir was launched with (nil
+// for none), as its guest would hold them.
+func (f *Fake) Secrets(dir string) map[string][]byte {
+	if sb := f.in(dir); sb != nil {
+		return copySecrets(sb.secrets)
+	}
+	return nil
+}
+
+// copySecrets is a copy of secrets that shares no byte with it: the
+// caller may wipe its own after a launch.
+func copySecrets(secrets map[string][]byte) map[string][]byte {
+	if secrets == nil {
+		return nil
+	}
+	out := make(map[string][]byte, len(secrets))
+	for k, v := range secrets {
+		out[k] = append([]byte(nil), v...)
+	}
+	return out
 }
 
 // Identity is the sandbox id and hostname the live nether in dir goes
