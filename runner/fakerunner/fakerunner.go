@@ -34,6 +34,10 @@ const (
 	Get      Step = "get"
 	Shutdown Step = "shutdown"
 	Exec     Step = "exec"
+	// Ready is the handshake's report: an error makes the guest's agent
+	// not (yet) connected; a hook that blocks here holds its caller
+	// where it waits for the guest to come up.
+	Ready Step = "ready"
 )
 
 // Fake is an in-memory runner. The zero value is not usable: use New.
@@ -47,6 +51,7 @@ type Fake struct {
 	byPID   map[int]*sandbox
 	// Launches counts launches by kind ("boot", "restore").
 	launches map[string]int
+	image    runner.Image // what a boot runs (SetImage)
 }
 
 type sandbox struct {
@@ -60,11 +65,21 @@ type sandbox struct {
 	stats    runner.Stats
 	began    time.Time
 	secrets  map[string][]byte // what its launch handed it (nil = none)
+	image    runner.Image      // what it runs: the boot's, or its artifact's
 }
 
 // New makes a Fake.
 func New() *Fake {
-	return &Fake{nextPID: 1000, byPID: map[int]*sandbox{}, launches: map[string]int{}}
+	return &Fake{nextPID: 1000, byPID: map[int]*sandbox{}, launches: map[string]int{}, image: runner.Image{Kernel: Kernel, Rootfs: Rootfs}}
+}
+
+// SetImage changes what later boots run (and so what their captures
+// record): as if the guest directory's kernel and root image were
+// rebuilt.
+func (f *Fake) SetImage(img runner.Image) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.image = img
 }
 
 var _ runner.Runner = (*Fake)(nil)
@@ -79,10 +94,11 @@ type artifact struct {
 	From   string `json:"from"` // the sandbox it was captured from
 }
 
-// Kernel and Rootfs are the digests of every fake boot's image.
+// Kernel and Rootfs are the digests (sha256, hex, as nether's
+// fingerprint holds them) of a fake boot's image until SetImage.
 const (
-	Kernel = "sha256:fakekernel"
-	Rootfs = "sha256:fakerootfs"
+	Kernel = "5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e5ca1ab1e"
+	Rootfs = "f00dfeedf00dfeedf00dfeedf00dfeedf00dfeedf00dfeedf00dfeedf00dfeed"
 )
 
 func (f *Fake) fail(dir string, step Step) error {
@@ -107,6 +123,8 @@ func (f *Fake) Launch(dir string, s runner.Settings, secrets map[string][]byte) 
 		return runner.Proc{}, fmt.Errorf("starting nether: %w", err)
 	}
 	sb := &sandbox{dir: dir, alive: true, settings: s, files: map[string][]byte{}, stats: runner.Stats{}, began: time.Now(), secrets: copySecrets(secrets)}
+	img, _ := f.BootImage(s.GPU, s.Rootfs)
+	sb.image = img
 	var startErr error
 	if s.RestoreFrom != "" {
 		a, err := readMeta(s.RestoreFrom)
@@ -114,6 +132,7 @@ func (f *Fake) Launch(dir string, s runner.Settings, secrets map[string][]byte) 
 			startErr = fmt.Errorf("restore: %w", err)
 		} else {
 			sb.kind = a.Kind
+			sb.image = runner.Image{Kernel: a.Kernel, Rootfs: a.Rootfs}
 			if a.Kind == "park" {
 				// A wake consumes its park.
 				os.RemoveAll(s.RestoreFrom)
@@ -277,10 +296,13 @@ func (f *Fake) Final(dir string, from runner.Mark) string { return runner.FinalS
 func (f *Fake) Why(dir string, from runner.Mark) string   { return runner.WhySince(dir, from) }
 
 func (f *Fake) BootImage(gpu bool, rootfs string) (runner.Image, error) {
+	f.mu.Lock()
+	img := f.image
+	f.mu.Unlock()
 	if rootfs == runner.RootfsBusybox {
-		return runner.Image{Kernel: Kernel}, nil
+		img.Rootfs = ""
 	}
-	return runner.Image{Kernel: Kernel, Rootfs: Rootfs}, nil
+	return img, nil
 }
 
 func (f *Fake) Artifact(dir string) (runner.Artifact, error) {
@@ -314,7 +336,7 @@ type conn struct {
 }
 
 func (c *conn) Info() runner.Info {
-	if !c.f.Alive(c.sb.proc) {
+	if !c.f.Alive(c.sb.proc) || c.f.fail(c.sb.dir, Ready) != nil {
 		return runner.Info{}
 	}
 	return runner.Info{"agent": "connected", "proto_version": "2"}
@@ -353,11 +375,8 @@ func (c *conn) Stats(ctx context.Context) (runner.Stats, error) {
 
 func (c *conn) capture(rel, kind string) error {
 	s := c.sb.settings
-	a := artifact{Kind: kind, CPUs: max(s.CPUs, runner.Defaults.CPUs), RAMMB: max(s.RAMMB, runner.Defaults.RAMMB),
-		Kernel: Kernel, Rootfs: Rootfs, From: s.SandboxID}
-	if s.Rootfs == runner.RootfsBusybox {
-		a.Rootfs = ""
-	}
+	a := artifact{Kind: kind, CPUs: orDefault(s.CPUs, runner.Defaults.CPUs), RAMMB: orDefault(s.RAMMB, runner.Defaults.RAMMB),
+		Kernel: c.sb.image.Kernel, Rootfs: c.sb.image.Rootfs, From: s.SandboxID}
 	dir := filepath.Join(c.sb.dir, rel)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
@@ -460,6 +479,15 @@ func (c *conn) Exec(ctx context.Context, line string, out io.Writer) (int, error
 	}
 	fmt.Fprintln(out, line)
 	return 0, nil
+}
+
+// orDefault is a setting as nether runs it: v, or nether's default when
+// it is left 0.
+func orDefault(v, def int) int {
+	if v == 0 {
+		return def
+	}
+	return v
 }
 
 func appendFile(dir, name, text string) {

@@ -114,14 +114,14 @@ func TestCaptures(t *testing.T) {
 	f := New()
 	ctx := context.Background()
 	root := t.TempDir()
-	dir, _ := launchIn(t, f, root, "a", runner.Settings{SandboxID: "01JA", CPUs: 2})
+	dir, _ := launchIn(t, f, root, "a", runner.Settings{SandboxID: "01JA", CPUs: 2, RAMMB: 256})
 	c := dial(t, f, dir)
 	capt, err := c.Snapshot(ctx, "snap")
 	if err != nil || capt.Kind != "base" || capt.Path != "snap" {
 		t.Fatalf("snapshot: %+v, %v", capt, err)
 	}
 	a, err := f.Artifact(filepath.Join(dir, "snap"))
-	if err != nil || a != (runner.Artifact{Kind: "base", CPUs: 2, RAMMB: runner.Defaults.RAMMB, Kernel: Kernel, Rootfs: Rootfs}) {
+	if err != nil || a != (runner.Artifact{Kind: "base", CPUs: 2, RAMMB: 256, Kernel: Kernel, Rootfs: Rootfs}) {
 		t.Fatalf("artifact %+v, %v", a, err)
 	}
 	if err := c.Claim(ctx, runner.ClaimRequest{SandboxID: "x", Hostname: "x"}); err == nil || !strings.Contains(err.Error(), "booted") {
@@ -238,5 +238,42 @@ func TestSecretsKept(t *testing.T) {
 	}
 	if c, err := conf.Load(dir); err != nil || c.SecretsFD != 3 {
 		t.Fatalf("a launch with secrets: secrets_fd %d, %v", c.SecretsFD, err)
+	}
+}
+
+// TestImages: a capture records the image its session runs, a restore
+// runs its artifact's image whatever later boots run, and a Ready hook
+// keeps the guest's agent from answering.
+func TestImages(t *testing.T) {
+	f := New()
+	ctx := context.Background()
+	root := t.TempDir()
+	dir, _ := launchIn(t, f, root, "a", runner.Settings{})
+	if _, err := dial(t, f, dir).Snapshot(ctx, "snap"); err != nil {
+		t.Fatal(err)
+	}
+	other := runner.Image{Kernel: strings.Repeat("1", 64), Rootfs: strings.Repeat("2", 64)}
+	f.SetImage(other)
+	if img, _ := f.BootImage(false, ""); img != other {
+		t.Fatalf("boots run %+v after SetImage", img)
+	}
+	if img, _ := f.BootImage(false, runner.RootfsBusybox); img.Rootfs != "" || img.Kernel != other.Kernel {
+		t.Fatalf("a busybox boot runs %+v", img)
+	}
+	kid, _ := launchIn(t, f, root, "kid", runner.Settings{RestoreFrom: filepath.Join(dir, "snap")})
+	if _, err := dial(t, f, kid).Snapshot(ctx, "snap2"); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := f.Artifact(filepath.Join(kid, "snap2")); a.Kernel != Kernel || a.Rootfs != Rootfs {
+		t.Fatalf("a restore's capture records %s %s, want its artifact's image", a.Kernel, a.Rootfs)
+	}
+	f.Fail = func(d string, step Step) error {
+		if step == Ready && d == kid {
+			return errors.New("not yet")
+		}
+		return nil
+	}
+	if dial(t, f, kid).Info().AgentConnected() || !dial(t, f, dir).Info().AgentConnected() {
+		t.Fatal("the Ready hook did not hold back only its sandbox's agent")
 	}
 }
