@@ -298,8 +298,9 @@ func (n *Nexus) Reconcile(ctx context.Context) error {
 			}
 			switch {
 			case live && sb.State != lifecycle.Running:
-				// A start or resume whose nexus died after the spawn.
-				sb.State, changed = lifecycle.Running, true
+				// A start or resume whose nexus died after the spawn; a
+				// wake consumed its park.
+				sb.State, sb.Park, changed = lifecycle.Running, "", true
 			case !live && sb.State == lifecycle.Running:
 				n.settle(sb)
 				changed = true

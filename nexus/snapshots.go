@@ -117,7 +117,7 @@ func (n *Nexus) captureInto(ctx context.Context, sb *Sandbox, name string, clean
 		n.db.Update(func(tx *store.Tx) error { return tx.DeleteSnapshot(snap) })
 		return nil, err
 	}
-	rel := "snap-" + id
+	rel := captureRel(id)
 	// nether writes artifacts inside its launch directory; the store is
 	// on the same filesystem, so the move is a rename.
 	if err := n.verb(ctx, sb, func(c runner.Conn) error { _, err := c.Snapshot(ctx, rel); return err }); err != nil {
@@ -139,6 +139,10 @@ func (n *Nexus) captureInto(ctx context.Context, sb *Sandbox, name string, clean
 	return snap, nil
 }
 
+// captureRel is where, inside its sandbox's launch directory, nether
+// writes snapshot id's artifact before nexus moves it into the store.
+func captureRel(id string) string { return "snap-" + id }
+
 // reconcileSnapshots removes what an interrupted capture left: records
 // never committed, and artifact directories no record names.
 func (n *Nexus) reconcileSnapshots(tx *store.Tx, now time.Time) error {
@@ -151,6 +155,12 @@ func (n *Nexus) reconcileSnapshots(tx *store.Tx, now time.Time) error {
 		if s.Digest == "" && !s.Lease.Live(now) {
 			n.log.Warn("removing a snapshot whose capture never finished", "snapshot", s.ID)
 			os.RemoveAll(s.Dir)
+			if s.Source != "" {
+				// Where nether wrote it, when the nexus died before the
+				// move into the store: a whole guest's memory, else
+				// kept in the sandbox's directory for good.
+				os.RemoveAll(filepath.Join(n.sandboxDir(s.Source), captureRel(s.ID)))
+			}
 			if err := tx.DeleteSnapshot(s); err != nil {
 				return err
 			}
