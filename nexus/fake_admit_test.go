@@ -33,8 +33,11 @@ func fakeAdmission(t *testing.T) (*Nexus, *fakerunner.Fake, func(edit func(p *tr
 	if err != nil {
 		t.Fatal(err)
 	}
+	// One validity window for every plan: a child plan signed a second
+	// after its parent is valid no longer than it.
+	from := time.Now().Add(-time.Minute)
 	return n, f, func(edit func(p *trust.Plan)) []byte {
-		p := trust.NewPlan(time.Now().Add(-time.Minute))
+		p := trust.NewPlan(from)
 		if edit != nil {
 			edit(p)
 		}
@@ -326,7 +329,6 @@ func TestFakeSecretsDelivered(t *testing.T) {
 // a ready pool (a claim hands over an identity, never secrets), and its
 // children get them.
 func TestFakeSecretsForkCold(t *testing.T) {
-	refillDelay = 10 * time.Millisecond
 	n, f := fakeNexus(t)
 	ctx := t.Context()
 	running(t, n, "base")

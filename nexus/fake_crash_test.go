@@ -358,7 +358,6 @@ func TestCrashInFork(t *testing.T) {
 // its pool, unleased and claimable; a member restored into the pool
 // whose nexus died while warming it is kept.
 func TestCrashInClaim(t *testing.T) {
-	refillDelay = 10 * time.Millisecond
 	n, f := fakeNexus(t)
 	ctx := t.Context()
 	running(t, n, "base")

@@ -16,6 +16,10 @@ import (
 	"github.com/nethersandbox/nether/runner/fakerunner"
 )
 
+// A pool refills soon after a claim in these tests. Set once, before
+// any test runs: a refill an earlier test started may still read it.
+func init() { refillDelay = 10 * time.Millisecond }
+
 // fakeNexus is a Nexus over a state directory of its own whose sandboxes
 // are simulated in memory.
 func fakeNexus(t *testing.T) (*Nexus, *fakerunner.Fake) {
@@ -289,7 +293,6 @@ func TestFakeFork(t *testing.T) {
 // for), the pool refills behind it, and a member whose claim fails is
 // removed and the fork goes cold.
 func TestFakePool(t *testing.T) {
-	refillDelay = 10 * time.Millisecond
 	n, f := fakeNexus(t)
 	ctx := t.Context()
 	running(t, n, "base")

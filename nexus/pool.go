@@ -107,7 +107,7 @@ func (n *Nexus) members(tx *store.Tx, snapID string) ([]*Sandbox, error) {
 }
 
 // fillPool restores members until the pool has its size, and removes
-// members over it.
+// members over it and members whose nethers died.
 func (n *Nexus) fillPool(ctx context.Context, snapID string) error {
 	var snap *Snapshot
 	want, have := 0, 0
@@ -128,9 +128,19 @@ func (n *Nexus) fillPool(ctx context.Context, snapID string) error {
 			}
 		}
 		ms, err := n.members(tx, snapID)
-		have = len(ms)
-		for i := want; i < len(ms); i++ {
-			surplus = append(surplus, ms[i])
+		var up []*Sandbox
+		for _, sb := range ms {
+			if sb.Lease == nil && (sb.State != lifecycle.Running || !n.alive(sb)) {
+				// A member whose nether died is no member: it would
+				// count toward the size and never be claimed.
+				surplus = append(surplus, sb)
+				continue
+			}
+			up = append(up, sb)
+		}
+		have = len(up)
+		for i := want; i < len(up); i++ {
+			surplus = append(surplus, up[i])
 		}
 		return err
 	})
