@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nethersandbox/nether/nexus/lifecycle"
 	"github.com/nethersandbox/nether/runner"
+	"github.com/nethersandbox/nether/runner/fakerunner"
 )
 
 // TestFakeAuditChain: every operation on a sandbox goes on the chain, in
@@ -265,5 +267,149 @@ func TestFakePoolSize(t *testing.T) {
 	}
 	if r := m.PoolReady(ctx, snap.ID); r != 1 {
 		t.Errorf("after a fill the pool has %d ready, want 1", r)
+	}
+}
+
+// TestFakeResumeFails: a wake whose park is gone, or whose nether dies
+// after consuming it, leaves the sandbox in error saying why; one that
+// fails before consuming it leaves it paused, to be woken again.
+func TestFakeResumeFails(t *testing.T) {
+	n, f := fakeNexus(t)
+	ctx := t.Context()
+	for _, tc := range []struct {
+		name   string
+		break_ func(p *Sandbox)
+		want   string // "" = stays paused
+	}{
+		{"park gone", func(p *Sandbox) { os.RemoveAll(p.Park) }, "is gone"},
+		{"spawn fails", func(p *Sandbox) {
+			f.Fail = func(dir string, step fakerunner.Step) error {
+				if step == fakerunner.Spawn {
+					return errors.New("exec format error")
+				}
+				return nil
+			}
+		}, ""},
+		{"dies after the park was consumed", func(p *Sandbox) {
+			f.Fail = func(dir string, step fakerunner.Step) error {
+				if step == fakerunner.Start {
+					return errors.New("a chunk failed its digest")
+				}
+				return nil
+			}
+		}, "a chunk failed its digest"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.Fail = nil
+			sb := running(t, n, "")
+			p, err := n.Pause(ctx, sb.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.break_(p)
+			_, err = n.Resume(ctx, sb.ID)
+			f.Fail = nil
+			got := state(t, n, sb.ID)
+			if err == nil || got.Lease != nil {
+				t.Fatalf("resume: %v, lease %v", err, got.Lease)
+			}
+			if tc.want == "" {
+				if got.State != lifecycle.Paused || !exists(got.Park) {
+					t.Fatalf("a wake that failed before its park was used: %s, park there %v", got.State, exists(got.Park))
+				}
+				if r, err := n.Resume(ctx, sb.ID); err != nil || r.State != lifecycle.Running {
+					t.Fatalf("the next wake: %+v, %v", r, err)
+				}
+				return
+			}
+			if got.State != lifecycle.Error || !strings.Contains(got.Reason, tc.want) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("%s (%q), %v; want error saying %q", got.State, got.Reason, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestFakeStopWedged: a nether whose control socket refuses the shutdown
+// is stopped all the same, by SIGTERM, and its record says so.
+func TestFakeStopWedged(t *testing.T) {
+	n, f := fakeNexus(t)
+	running(t, n, "w")
+	f.Fail = func(dir string, step fakerunner.Step) error {
+		if step == fakerunner.Shutdown {
+			return errors.New("the agent does not answer")
+		}
+		return nil
+	}
+	sb, err := n.Stop(t.Context(), "w")
+	if err != nil || sb.State != lifecycle.Stopped || ParseFinal(sb.Final).Reason != "sigterm" || f.Live() != 0 {
+		t.Fatalf("stop of a wedged nether: %+v, %v, %d live", sb, err, f.Live())
+	}
+}
+
+// TestFakeForkSource: a fork names what it starts from unambiguously,
+// from a running sandbox only, and a run_as it may not take is refused
+// before the sandbox is captured for nothing.
+func TestFakeForkSource(t *testing.T) {
+	n, _ := fakeNexus(t)
+	ctx := t.Context()
+	sb, _ := n.Create(ctx, CreateRequest{Name: "u", Config: Config{RunAs: "nether"}})
+	if _, err := n.Fork(ctx, ForkRequest{From: "u"}); !IsIllegal(err) {
+		t.Fatalf("a fork of a created sandbox: %v", err)
+	}
+	if _, err := n.Start(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		req  ForkRequest
+		want string
+	}{
+		{ForkRequest{From: "u", RunAs: "root"}, "never widen it"},
+		{ForkRequest{From: "u", RunAs: "other"}, "never change it to another user"},
+		{ForkRequest{From: "nope"}, "no sandbox or snapshot named"},
+		{ForkRequest{From: "u", N: 2, Names: []string{"a", "b", "c"}}, "3 names for 2 children"},
+	} {
+		if _, err := n.Fork(ctx, tc.req); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("fork %+v: %v, want %q", tc.req, err, tc.want)
+		}
+	}
+	if snaps, _ := n.SnapshotList(ctx); len(snaps) != 0 {
+		t.Fatalf("refused forks captured %d snapshots", len(snaps))
+	}
+	if _, err := n.SnapshotCreate(ctx, "u", "u"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Fork(ctx, ForkRequest{From: "u"}); err == nil || !strings.Contains(err.Error(), "names both sandbox") {
+		t.Fatalf("a name both a sandbox and a snapshot go by: %v", err)
+	}
+	kids, err := n.Fork(ctx, ForkRequest{From: sb.ID, RunAs: "nether"})
+	if err != nil || len(kids) != 1 || kids[0].Config.RunAs != "nether" {
+		t.Fatalf("a fork keeping run_as: %+v, %v", kids, err)
+	}
+}
+
+// TestFakeExecBufferedAndDetail: a buffered exec returns the output whole
+// with its exit code; inspect's detail names the control socket only
+// while the sandbox runs and fills in nether's defaults.
+func TestFakeExecBufferedAndDetail(t *testing.T) {
+	n, _ := fakeNexus(t)
+	ctx := t.Context()
+	sb := running(t, n, "d")
+	r, err := n.ExecBuffered(ctx, "d", "hello")
+	if err != nil || r != (ExecResult{Output: "hello\n", Encoding: "utf-8"}) {
+		t.Fatalf("buffered exec: %+v, %v", r, err)
+	}
+	if r, _ := n.ExecBuffered(ctx, "d", "exit 4"); r.Exit != 4 {
+		t.Fatalf("buffered exec's exit: %+v", r)
+	}
+	d, err := n.InspectDetail(ctx, "d")
+	if err != nil || d.ControlSocket != filepath.Join(n.sandboxDir(sb.ID), runner.ControlSocket) || d.Settings.RAMMB != runner.Defaults.RAMMB || d.Settings.RunAs != "root" {
+		t.Fatalf("detail of a running sandbox: %+v, %v", d, err)
+	}
+	n.Stop(ctx, "d")
+	if d, _ := n.InspectDetail(ctx, "d"); d.ControlSocket != "" || d.LastStop.Reason != "shutdown" {
+		t.Fatalf("detail of a stopped sandbox: socket %q, last stop %+v", d.ControlSocket, d.LastStop)
+	}
+	if _, err := n.ExecBuffered(ctx, "d", "true"); !IsIllegal(err) {
+		t.Fatalf("exec in a stopped sandbox: %v", err)
 	}
 }
