@@ -4,14 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"path/filepath"
 	"strings"
 	"time"
 
-	"github.com/nethersandbox/nether/internal/conf"
-	"github.com/nethersandbox/nether/internal/guestimage"
-	"github.com/nethersandbox/nether/internal/rootimage"
-	"github.com/nethersandbox/nether/internal/snapshot"
 	"github.com/nethersandbox/nether/nexus/store"
 	"github.com/nethersandbox/nether/nexus/trust"
 )
@@ -291,29 +286,8 @@ func joinList(have string, plan []string) string {
 // guest directory its nether uses, or a custom root image, digested as
 // nether digests them for its fingerprint.
 func (n *Nexus) bootImage(cfg Config) (imageOf, error) {
-	dir := n.guestDir
-	if dir == "" {
-		dir = guestimage.Dir(n.nether)
-	}
-	d := guestimage.NewDigests(dir)
-	kernel := filepath.Join(dir, guestimage.VmlinuxFile)
-	if cfg.GPU {
-		kernel = filepath.Join(dir, guestimage.VmlinuzFile) // a display boots the bzImage
-	}
-	var img imageOf
-	var err error
-	if img.kernel, err = d.Of(kernel); err != nil {
-		return img, err
-	}
-	root := cfg.Rootfs
-	switch root {
-	case conf.RootfsBusybox:
-		return img, nil
-	case "":
-		root = filepath.Join(dir, rootimage.ImageFile)
-	}
-	img.rootfs, err = d.Of(root)
-	return img, err
+	img, err := n.run.BootImage(cfg.GPU, cfg.Rootfs)
+	return imageOf{kernel: img.Kernel, rootfs: img.Rootfs}, err
 }
 
 // restoreSize fills in the CPUs and RAM a restore of the artifact at dir
@@ -328,23 +302,25 @@ func (n *Nexus) restoreSize(cfg *Config, dir string) error {
 	if trusted, err := n.Admission(); err != nil || len(trusted) == 0 {
 		return err
 	}
-	a, err := snapshot.Open(dir)
+	a, err := n.run.Artifact(dir)
 	if err != nil {
 		return err
 	}
 	if cfg.CPUs == 0 {
-		cfg.CPUs = a.Meta.Fingerprint.CPUs
+		cfg.CPUs = a.CPUs
 	}
 	if cfg.RAMMB == 0 {
-		cfg.RAMMB = a.Meta.Fingerprint.RAMMB
+		cfg.RAMMB = a.RAMMB
 	}
 	return nil
 }
 
-func restoreImage(dir string) (imageOf, error) {
-	a, err := snapshot.Open(dir)
+// restoreImage is what a restore of the artifact at dir runs, from its
+// fingerprint.
+func (n *Nexus) restoreImage(dir string) (imageOf, error) {
+	a, err := n.run.Artifact(dir)
 	if err != nil {
 		return imageOf{}, err
 	}
-	return imageOf{kernel: a.Meta.Fingerprint.KernelSHA256, rootfs: a.Meta.Fingerprint.RootfsSHA256}, nil
+	return imageOf{kernel: a.Kernel, rootfs: a.Rootfs}, nil
 }

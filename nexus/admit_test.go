@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/nexus/trust"
 )
@@ -152,12 +151,16 @@ func sha256Hex(s string) string {
 func TestBootLines(t *testing.T) {
 	n, _ := admissionNexus(t)
 	sb := &Sandbox{ID: "01JABCDEFGHJK0123456CDEFGHJK", Hostname: "web", Plan: strings.Repeat("ab", 32)}
-	lines, err := n.bootLines(sb, "01BOOT")
+	set, err := n.launchSettings(sb, "", "01BOOT")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(n.confText(sb, "")+lines+"secrets_fd = 3\n"), 0o600)
+	text, err := set.Text(dir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(dir, "nether.conf"), []byte(text), 0o600)
 	cfg, err := conf.Load(dir)
 	if err != nil {
 		t.Fatalf("nether refuses what nexus writes: %v", err)
@@ -169,18 +172,5 @@ func TestBootLines(t *testing.T) {
 	tok, err := trust.VerifyToken(cfg.IdentityToken, priv.Public().(ed25519.PublicKey), time.Now())
 	if err != nil || tok.VMID != sb.ID || tok.BootID != "01BOOT" || tok.NodeID != n.NodeID() || tok.PlanDigest != sb.Plan {
 		t.Fatalf("the token: %+v, %v", tok, err)
-	}
-	// Secrets travel in a sealed memory file nether can read.
-	f, err := n.WithSecrets(map[string][]byte{"K": []byte("v\x00")}).secretsFile()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	got, err := agentproto.ReadSecrets(f)
-	if err != nil || string(got["K"]) != "v\x00" {
-		t.Fatalf("the secrets file: %q, %v", got, err)
-	}
-	if _, err := f.Write([]byte("x")); err == nil {
-		t.Error("the secrets file is writable after sealing")
 	}
 }

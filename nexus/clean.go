@@ -3,11 +3,11 @@ package nexus
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/nethersandbox/nether/nexus/store"
 	"github.com/nethersandbox/nether/nexus/trust"
+	"github.com/nethersandbox/nether/runner"
 )
 
 // Snapshot classes. A clean snapshot holds nothing of a tenant's: it can
@@ -64,21 +64,6 @@ func cleanRefusal(sb *Sandbox, plan *trust.Plan, stats map[string]int64) string 
 	return strings.Join(why, "; ")
 }
 
-// parseStats reads __stats__'s key=value figures.
-func parseStats(line string) map[string]int64 {
-	out := map[string]int64{}
-	for _, f := range strings.Fields(line) {
-		k, v, ok := strings.Cut(f, "=")
-		if !ok {
-			continue
-		}
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			out[k] = n
-		}
-	}
-	return out
-}
-
 // checkClean refuses a clean capture of sb, naming why.
 func (n *Nexus) checkClean(ctx context.Context, sb *Sandbox) error {
 	var plan *trust.Plan
@@ -92,11 +77,11 @@ func (n *Nexus) checkClean(ctx context.Context, sb *Sandbox) error {
 			return fmt.Errorf("%w: a clean snapshot of %s: its %w", ErrRefused, sb.Ref(), err)
 		}
 	}
-	out, err := n.control(ctx, sb, "__stats__")
-	if err != nil {
+	var stats runner.Stats
+	if err := n.verb(ctx, sb, func(c runner.Conn) (err error) { stats, err = c.Stats(ctx); return err }); err != nil {
 		return err
 	}
-	if why := cleanRefusal(sb, plan, parseStats(strings.TrimPrefix(out, "OK"))); why != "" {
+	if why := cleanRefusal(sb, plan, stats); why != "" {
 		return fmt.Errorf("%w: a clean snapshot of %s: %s; take a dirty one (without --clean), which only its lineage can fork", ErrRefused, sb.Ref(), why)
 	}
 	return nil

@@ -33,7 +33,4 @@ func TestCleanRefusal(t *testing.T) {
 			}
 		})
 	}
-	if s := parseStats("uptime_ms=5 net_tx=12 net_rx=x data_conns=3"); s["net_tx"] != 12 || s["data_conns"] != 3 || len(s) != 3 {
-		t.Fatalf("parseStats = %v", s)
-	}
 }

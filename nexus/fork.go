@@ -102,7 +102,7 @@ func (n *Nexus) Fork(ctx context.Context, req ForkRequest) ([]*Sandbox, error) {
 	if classOf(snap) == ClassDirty {
 		lineage = &forkOf{parent: snap.Plan, children: req.N}
 	}
-	plan, err := n.admit("fork", tmpl, func() (imageOf, error) { return restoreImage(snap.Dir) }, lineage)
+	plan, err := n.admit("fork", tmpl, func() (imageOf, error) { return n.restoreImage(snap.Dir) }, lineage)
 	if err != nil {
 		return nil, err
 	}
@@ -307,7 +307,7 @@ func (n *Nexus) birth(ctx context.Context, snap *Snapshot, cfg Config, parent st
 // unbirth undoes a child that never came up: its nether, its record, its
 // references, its directory.
 func (n *Nexus) unbirth(tx *store.Tx, sb *Sandbox) error {
-	terminate(sb.PID, sb.PIDStart, 10*time.Second)
+	n.terminate(sb, 10*time.Second)
 	if err := n.dropRefs(tx, sb.ID); err != nil {
 		return err
 	}
@@ -329,7 +329,7 @@ func (n *Nexus) warm(ctx context.Context, sb *Sandbox) error {
 	}
 	defer c.Close()
 	for range 2 {
-		if code, err := c.Run(ctx, "true", io.Discard); err != nil || code != 0 {
+		if code, err := c.Exec(ctx, "true", io.Discard); err != nil || code != 0 {
 			return fmt.Errorf("sandbox %s: warming its shell: exit %d, %v", sb.Ref(), code, err)
 		}
 	}

@@ -2,16 +2,13 @@ package nexus
 
 import (
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/nethersandbox/nether/internal/agentproto"
 	"github.com/nethersandbox/nether/nexus/store"
 	"github.com/nethersandbox/nether/nexus/trust"
+	"github.com/nethersandbox/nether/runner"
 )
 
 // Identity and secrets. Every run of a sandbox's nether (a boot, a
@@ -37,14 +34,10 @@ func (n *Nexus) WithSecrets(secrets map[string][]byte) *Nexus {
 
 // CheckSecrets refuses a set of secrets nether would refuse (names,
 // count, size), before anything starts.
-func CheckSecrets(secrets map[string][]byte) error {
-	return agentproto.CheckSecrets(secrets)
-}
+func CheckSecrets(secrets map[string][]byte) error { return runner.CheckSecrets(secrets) }
 
 // secretNames are the names of what n delivers, sorted.
-func (n *Nexus) secretNames() []string {
-	return agentproto.SecretNames(n.secrets)
-}
+func (n *Nexus) secretNames() []string { return runner.SecretNames(n.secrets) }
 
 // unlistedSecrets names the secrets the plan does not list.
 func unlistedSecrets(names, listed []string) []string {
@@ -55,22 +48,6 @@ func unlistedSecrets(names, listed []string) []string {
 		}
 	}
 	return out
-}
-
-// bootLines are nether.conf's identity lines for sb's run with boot id
-// boot: the node, the boot, the plan, and the token that states them.
-func (n *Nexus) bootLines(sb *Sandbox, boot string) (string, error) {
-	tok, err := n.identityToken(sb, boot)
-	if err != nil {
-		return "", err
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "node_id = %s\nboot_id = %s\n", n.node, boot)
-	if sb.Plan != "" {
-		fmt.Fprintf(&b, "plan_digest = %s\n", sb.Plan)
-	}
-	fmt.Fprintf(&b, "identity_token = %s\n", tok)
-	return b.String(), nil
 }
 
 // identityToken signs sb's identity in boot with the admission key. It
@@ -90,30 +67,6 @@ func (n *Nexus) identityToken(sb *Sandbox, boot string) (string, error) {
 		}
 	}
 	return trust.SignToken(t, key)
-}
-
-// secretsFile is the descriptor nether reads the secrets from
-// (nether.conf's secrets_fd): a memory file, sealed, never on disk; nil
-// when there are none.
-func (n *Nexus) secretsFile() (*os.File, error) {
-	if len(n.secrets) == 0 {
-		return nil, nil
-	}
-	fd, err := unix.MemfdCreate("nether-secrets", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		return nil, fmt.Errorf("a memory file for the secrets: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), "nether-secrets")
-	if _, err := f.Write(agentproto.EncodeSecrets(n.secrets)); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("writing the secrets to a memory file: %w", err)
-	}
-	if _, err := f.Seek(0, 0); err != nil {
-		f.Close()
-		return nil, err
-	}
-	unix.FcntlInt(f.Fd(), unix.F_ADD_SEALS, unix.F_SEAL_WRITE|unix.F_SEAL_GROW|unix.F_SEAL_SHRINK|unix.F_SEAL_SEAL)
-	return f, nil
 }
 
 // delivered records what a run that came up holds of secrets: the names

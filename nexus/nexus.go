@@ -18,14 +18,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/oklog/ulid/v2"
 
-	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/nexus/lifecycle"
 	"github.com/nethersandbox/nether/nexus/store"
+	"github.com/nethersandbox/nether/runner"
 )
 
 // Options configure a Nexus.
@@ -50,20 +49,24 @@ type Options struct {
 	// a pool claim tops the pool up in a detached `nexus pool fill`.
 	// "" tops up on a goroutine (a long-running server).
 	SelfForFill string
+	// Runner runs the sandboxes' nethers (nil = nether processes on this
+	// host, runner.Local with Nether and GuestDir).
+	Runner runner.Runner
 }
 
 // Nexus is one state directory's orchestrator.
 type Nexus struct {
-	dir, nether, guestDir string
-	log                   *slog.Logger
-	db                    *store.Store
-	readyTimeout          time.Duration
-	leaseWait             time.Duration
-	self                  string
-	node                  string            // this state directory's node id (audit.go)
-	plan                  []byte            // the signed plan the next operations are admitted under (admit.go)
-	admitted              *admittedRun      // what that plan admitted already
-	secrets               map[string][]byte // the secrets the next operations deliver (identity.go)
+	dir, nether  string
+	run          runner.Runner
+	log          *slog.Logger
+	db           *store.Store
+	readyTimeout time.Duration
+	leaseWait    time.Duration
+	self         string
+	node         string            // this state directory's node id (audit.go)
+	plan         []byte            // the signed plan the next operations are admitted under (admit.go)
+	admitted     *admittedRun      // what that plan admitted already
+	secrets      map[string][]byte // the secrets the next operations deliver (identity.go)
 }
 
 // DefaultStateDir is --state-dir's default: NEXUS_STATE_DIR, else
@@ -112,10 +115,13 @@ func Open(ctx context.Context, opt Options) (*Nexus, error) {
 	if err != nil {
 		return nil, err
 	}
-	if opt.Nether == "" {
-		if opt.Nether, err = FindNether(); err != nil {
-			return nil, err
+	if opt.Runner == nil {
+		if opt.Nether == "" {
+			if opt.Nether, err = FindNether(); err != nil {
+				return nil, err
+			}
 		}
+		opt.Runner = &runner.Local{Nether: opt.Nether, GuestDir: opt.GuestDir}
 	}
 	if opt.Log == nil {
 		opt.Log = slog.New(slog.DiscardHandler)
@@ -132,14 +138,14 @@ func Open(ctx context.Context, opt Options) (*Nexus, error) {
 		}
 	}
 	// A control socket path must fit sun_path.
-	if l := len(filepath.Join(dir, sandboxesDir, ulid.Make().String(), sockName)); l > conf.MaxSocketPath {
-		return nil, fmt.Errorf("the state directory %s is too deep: a sandbox's control socket would be %d bytes, over the %d a Unix socket path allows; use a shorter --state-dir", dir, l, conf.MaxSocketPath)
+	if l := len(filepath.Join(dir, sandboxesDir, ulid.Make().String(), runner.ControlSocket)); l > runner.MaxSocketPath {
+		return nil, fmt.Errorf("the state directory %s is too deep: a sandbox's control socket would be %d bytes, over the %d a Unix socket path allows; use a shorter --state-dir", dir, l, runner.MaxSocketPath)
 	}
 	db, err := store.Open(dir)
 	if err != nil {
 		return nil, err
 	}
-	n := &Nexus{dir: dir, nether: opt.Nether, guestDir: opt.GuestDir, log: opt.Log, db: db,
+	n := &Nexus{dir: dir, nether: opt.Nether, run: opt.Runner, log: opt.Log, db: db,
 		readyTimeout: opt.ReadyTimeout, leaseWait: opt.LeaseWait, self: opt.SelfForFill}
 	if err := n.loadNodeID(); err != nil {
 		return nil, err
@@ -154,8 +160,6 @@ func Open(ctx context.Context, opt Options) (*Nexus, error) {
 const (
 	sandboxesDir = "sandboxes"
 	snapshotsDir = "snapshots"
-	sockName     = "ctl.sock"
-	dataSockName = "data.sock" // the data plane's listener, with app_port
 	parkName     = "park"
 )
 
@@ -163,8 +167,6 @@ const (
 func (n *Nexus) StateDir() string { return n.dir }
 
 func (n *Nexus) sandboxDir(id string) string { return filepath.Join(n.dir, sandboxesDir, id) }
-
-func (n *Nexus) sockPath(sb *Sandbox) string { return filepath.Join(n.sandboxDir(sb.ID), sockName) }
 
 // Errors a caller can tell apart (the CLI maps them to exit codes).
 var (
@@ -282,7 +284,7 @@ func (n *Nexus) Reconcile(ctx context.Context) error {
 			if sb.Lease != nil && sb.Lease.Op == opBirth {
 				// A fork or pool member whose nexus died before it was
 				// born: kept if its nether runs, else undone.
-				if !alive(sb.PID, sb.PIDStart) {
+				if !n.alive(sb) {
 					if err := n.unbirth(tx, sb); err != nil {
 						return err
 					}
@@ -290,20 +292,21 @@ func (n *Nexus) Reconcile(ctx context.Context) error {
 				}
 			}
 			sb.Lease = nil
-			live := alive(sb.PID, sb.PIDStart)
+			live := n.alive(sb)
 			if live {
 				known[sb.PID] = true
 			}
 			switch {
 			case live && sb.State != lifecycle.Running:
-				// A start or resume whose nexus died after the spawn.
-				sb.State, changed = lifecycle.Running, true
+				// A start or resume whose nexus died after the spawn; a
+				// wake consumed its park.
+				sb.State, sb.Park, changed = lifecycle.Running, "", true
 			case !live && sb.State == lifecycle.Running:
 				n.settle(sb)
 				changed = true
 			case !live && sb.State == lifecycle.Paused && !exists(sb.Park):
 				// A resume that consumed the park and whose nether died.
-				sb.State, sb.Reason, changed = lifecycle.Error, "its park was consumed by a wake that did not finish; see "+filepath.Join(n.sandboxDir(sb.ID), logFile), true
+				sb.State, sb.Reason, changed = lifecycle.Error, "its park was consumed by a wake that did not finish; see "+filepath.Join(n.sandboxDir(sb.ID), runner.Stderr), true
 			}
 			if changed {
 				if err := tx.PutSandbox(sb); err != nil {
@@ -311,13 +314,12 @@ func (n *Nexus) Reconcile(ctx context.Context) error {
 				}
 			}
 		}
-		for pid, cwd := range nethersUnder(filepath.Join(n.dir, sandboxesDir)) {
-			if known[pid] || leased[cwd] {
+		for p, cwd := range n.run.Running(filepath.Join(n.dir, sandboxesDir)) {
+			if known[p.PID] || leased[cwd] {
 				continue
 			}
-			n.log.Warn("stopping a nether no record knows (its nexus died while starting it)", "pid", pid, "dir", cwd)
-			start, _ := procStart(pid)
-			terminate(pid, start, 10*time.Second)
+			n.log.Warn("stopping a nether no record knows (its nexus died while starting it)", "pid", p.PID, "dir", cwd)
+			n.run.Terminate(p, 10*time.Second)
 			if !dirs[cwd] {
 				orphanDirs = append(orphanDirs, cwd)
 			}
@@ -342,7 +344,7 @@ func (n *Nexus) Reconcile(ctx context.Context) error {
 			}
 			return nil
 		})
-		running := nethersUnder(filepath.Join(n.dir, sandboxesDir))
+		running := n.run.Running(filepath.Join(n.dir, sandboxesDir))
 		busy := map[string]bool{}
 		for _, cwd := range running {
 			busy[filepath.Base(cwd)] = true
@@ -359,9 +361,9 @@ func (n *Nexus) Reconcile(ctx context.Context) error {
 // settle is what a sandbox whose nether ended becomes, by its final
 // record: parked, stopped, or failed.
 func (n *Nexus) settle(sb *store.Sandbox) {
-	final := lastFinal(n.sandboxDir(sb.ID))
+	final := n.lastFinal(sb)
 	sb.Final, sb.PID, sb.PIDStart = final, 0, 0
-	reason := finalReason(final)
+	reason := runner.FinalReason(final)
 	switch reason {
 	case "park":
 		if _, err := os.Stat(filepath.Join(n.sandboxDir(sb.ID), parkName)); err == nil {
@@ -372,46 +374,10 @@ func (n *Nexus) settle(sb *store.Sandbox) {
 	case "shutdown", "poweroff", "sigterm", "sigint", "idle", "max_runtime", "max_cpu":
 		sb.State = lifecycle.Stopped
 	case "":
-		sb.State, sb.Reason = lifecycle.Error, "its nether ended without a final record (killed?); see "+filepath.Join(n.sandboxDir(sb.ID), logFile)
+		sb.State, sb.Reason = lifecycle.Error, "its nether ended without a final record (killed?); see "+filepath.Join(n.sandboxDir(sb.ID), runner.Stderr)
 	default:
-		sb.State, sb.Reason = lifecycle.Error, "its nether ended with reason="+reason+"; see "+filepath.Join(n.sandboxDir(sb.ID), logFile)
+		sb.State, sb.Reason = lifecycle.Error, "its nether ended with reason="+reason+"; see "+filepath.Join(n.sandboxDir(sb.ID), runner.Stderr)
 	}
-}
-
-// lastFinal is the last final usage record in dir's nether.out.
-func lastFinal(dir string) string { return finalSince(dir, 0) }
-
-// finalSince is the last final usage record in dir's nether.out from
-// byte from on.
-func finalSince(dir string, from int64) string {
-	lines := strings.Split(strings.TrimSpace(readFrom(filepath.Join(dir, outFile), from)), "\n")
-	for i := len(lines) - 1; i >= 0; i-- {
-		if strings.HasPrefix(lines[i], "[nether] ") {
-			return lines[i]
-		}
-	}
-	return ""
-}
-
-// failedReason reports whether a final record's reason is a failure
-// (nether's exit status 1): the engine or the sandbox failed, or its
-// guest crashed.
-func failedReason(reason string) bool {
-	switch reason {
-	case "error", "guest_panic", "guest_crash":
-		return true
-	}
-	return false
-}
-
-// finalReason is reason=<r> of a final record.
-func finalReason(final string) string {
-	_, rest, ok := strings.Cut(final, "(reason=")
-	if !ok {
-		return ""
-	}
-	r, _, _ := strings.Cut(rest, ")")
-	return r
 }
 
 // newID mints a sandbox or snapshot id: a ULID (sortable by time) with

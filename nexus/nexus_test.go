@@ -3,12 +3,13 @@ package nexus
 import (
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/nexus/lifecycle"
 	"github.com/nethersandbox/nether/nexus/store"
+	"github.com/nethersandbox/nether/runner"
 )
 
 // TestSettle: a sandbox whose nether ended takes the state its final
@@ -29,11 +30,11 @@ func TestSettle(t *testing.T) {
 		{"killed", "", false, lifecycle.Error, "without a final record"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n := &Nexus{dir: t.TempDir()}
+			n := &Nexus{dir: t.TempDir(), run: &runner.Local{}}
 			sb := &store.Sandbox{ID: "01JTEST", State: lifecycle.Running, PID: 42}
 			dir := n.sandboxDir(sb.ID)
 			os.MkdirAll(dir, 0o700)
-			os.WriteFile(filepath.Join(dir, outFile), []byte(tc.out), 0o600)
+			os.WriteFile(filepath.Join(dir, runner.Stdout), []byte(tc.out), 0o600)
 			if tc.park {
 				os.Mkdir(filepath.Join(dir, parkName), 0o700)
 			}
@@ -92,12 +93,13 @@ func TestConfText(t *testing.T) {
 	n := &Nexus{dir: "/var/lib/nexus"}
 	sb := &store.Sandbox{ID: "01JABCDEFGHJK0123456CDEFGHJK", Hostname: "web",
 		Config: store.Config{CPUs: 2, RAMMB: 256, Net: true, NetAllow: "10.0.0.0/8, 192.168.0.0/16", MaxRuntimeS: 60, AppPort: 8080}}
-	text := n.confText(sb, "/var/lib/nexus/snapshots/X")
-	for _, want := range []string{"cpus = 2\n", "ram_mb = 256\n", "net = 1\n", "net_allow = 10.0.0.0/8, 192.168.0.0/16\n",
-		"max_runtime_s = 60\n", "app_port = 8080\n", "restore = 1\n", "restore_from = /var/lib/nexus/snapshots/X\n",
-		"sandbox_id = 01JABCDEFGHJK0123456CDEFGHJK\n", "hostname = web\n"} {
-		if !strings.Contains(text, want) {
-			t.Errorf("nether.conf lacks %q:\n%s", want, text)
+	got, text := confValues(t, n, sb, "/var/lib/nexus/snapshots/X")
+	for k, want := range map[string]string{"cpus": "2", "ram_mb": "256", "net": "1", "net_allow": "10.0.0.0/8, 192.168.0.0/16",
+		"max_runtime_s": "60", "app_port": "8080", "restore": "1", "restore_from": "/var/lib/nexus/snapshots/X",
+		"sandbox_id": "01JABCDEFGHJK0123456CDEFGHJK", "hostname": "web",
+		"control_socket": "/var/lib/nexus/sandboxes/01JABCDEFGHJK0123456CDEFGHJK/ctl.sock"} {
+		if got[k] != want {
+			t.Errorf("nether reads %s = %q, want %q:\n%s", k, got[k], want, text)
 		}
 	}
 	if err := checkConfig(sb.Config); err != nil {
@@ -153,12 +155,12 @@ func TestEndedWhileStarting(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			os.WriteFile(filepath.Join(dir, outFile), []byte(earlierOut), 0o600)
-			os.WriteFile(filepath.Join(dir, logFile), []byte(earlierLog), 0o600)
-			from := outputsAt(dir)
-			appendTo(t, filepath.Join(dir, outFile), tc.out)
-			appendTo(t, filepath.Join(dir, logFile), tc.log)
-			e := &EndedError{Sandbox: "sb", Final: finalSince(dir, from.out), Cause: tellWhy(dir, from.log)}
+			os.WriteFile(filepath.Join(dir, runner.Stdout), []byte(earlierOut), 0o600)
+			os.WriteFile(filepath.Join(dir, runner.Stderr), []byte(earlierLog), 0o600)
+			from := runner.MarkOf(dir)
+			appendTo(t, filepath.Join(dir, runner.Stdout), tc.out)
+			appendTo(t, filepath.Join(dir, runner.Stderr), tc.log)
+			e := &EndedError{Sandbox: "sb", Final: runner.FinalSince(dir, from), Cause: runner.WhySince(dir, from)}
 			if e.Failed() != tc.failed || !strings.HasPrefix(e.Cause, tc.cause) || !strings.Contains(e.Error(), tc.err) {
 				t.Fatalf("failed %v, cause %q, error %q; want %v, %q, %q", e.Failed(), e.Cause, e.Error(), tc.failed, tc.cause, tc.err)
 			}
@@ -178,17 +180,26 @@ func appendTo(t *testing.T, path, text string) {
 	}
 }
 
-// FuzzLogErr: any err value slog quotes comes back as it was, and no
-// line makes logErr panic.
-func FuzzLogErr(f *testing.F) {
-	f.Add(`the disk /s/disk.img is not a usable ext4 file system: "x"`, "time=t level=ERROR msg=x err=\"unterminated")
-	f.Add("", " err=")
-	f.Add("\x00\xff\n\"", "level=ERROR err=plain more=1")
-	f.Fuzz(func(t *testing.T, value, line string) {
-		logErr(line)
-		got, ok := logErr(`time=t level=ERROR msg="m" err=` + strconv.Quote(value) + " k=v")
-		if !ok || got != value {
-			t.Fatalf("logErr of a quoted %q: %q, %v", value, got, ok)
+// confValues are the settings nether reads from the nether.conf of sb's
+// session (restoreFrom "" boots), by key, for the keys the file sets;
+// and the text.
+func confValues(t *testing.T, n *Nexus, sb *Sandbox, restoreFrom string) (map[string]string, string) {
+	t.Helper()
+	dir := n.sandboxDir(sb.ID)
+	text, err := n.settingsFor(sb, restoreFrom).Text(dir, false)
+	if err != nil {
+		t.Fatalf("nexus writes no nether.conf: %v", err)
+	}
+	c, err := conf.Parse(strings.NewReader(text), conf.FileName, dir)
+	if err != nil {
+		t.Fatalf("nether refuses what nexus wrote: %v\n%s", err, text)
+	}
+	got := map[string]string{}
+	for _, kv := range c.Report() {
+		k, v, _ := strings.Cut(kv, "=")
+		if _, set := c.Set[k]; set {
+			got[k] = v
 		}
-	})
+	}
+	return got, text
 }

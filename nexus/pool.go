@@ -8,9 +8,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nethersandbox/nether/client"
 	"github.com/nethersandbox/nether/nexus/lifecycle"
 	"github.com/nethersandbox/nether/nexus/store"
+	"github.com/nethersandbox/nether/runner"
 )
 
 // A warm pool keeps children of a snapshot restored and running, so a
@@ -65,7 +65,7 @@ func (n *Nexus) Pools(ctx context.Context) ([]*PoolStatus, error) {
 			}
 			st := &PoolStatus{Pool: *p, Members: len(ms)}
 			for _, sb := range ms {
-				if sb.Lease == nil && alive(sb.PID, sb.PIDStart) && n.ready(sb) {
+				if sb.Lease == nil && n.alive(sb) && n.ready(sb) {
 					st.Ready++
 				}
 			}
@@ -107,7 +107,7 @@ func (n *Nexus) members(tx *store.Tx, snapID string) ([]*Sandbox, error) {
 }
 
 // fillPool restores members until the pool has its size, and removes
-// members over it.
+// members over it and members whose nethers died.
 func (n *Nexus) fillPool(ctx context.Context, snapID string) error {
 	var snap *Snapshot
 	want, have := 0, 0
@@ -128,9 +128,19 @@ func (n *Nexus) fillPool(ctx context.Context, snapID string) error {
 			}
 		}
 		ms, err := n.members(tx, snapID)
-		have = len(ms)
-		for i := want; i < len(ms); i++ {
-			surplus = append(surplus, ms[i])
+		var up []*Sandbox
+		for _, sb := range ms {
+			if sb.Lease == nil && (sb.State != lifecycle.Running || !n.alive(sb)) {
+				// A member whose nether died is no member: it would
+				// count toward the size and never be claimed.
+				surplus = append(surplus, sb)
+				continue
+			}
+			up = append(up, sb)
+		}
+		have = len(up)
+		for i := want; i < len(up); i++ {
+			surplus = append(surplus, up[i])
 		}
 		return err
 	})
@@ -167,12 +177,9 @@ func (n *Nexus) claimFromPool(ctx context.Context, snap *Snapshot, names []strin
 		sb.Boot = newID()
 		var tok string
 		if tok, err = n.identityToken(sb, sb.Boot); err == nil {
-			line := fmt.Sprintf("__claim__ %s %s node_id=%s boot_id=%s token=%s", sb.ID, sb.Hostname, n.node, sb.Boot, tok)
-			if sb.Plan != "" {
-				line += " plan_digest=" + sb.Plan
-			}
+			req := runner.ClaimRequest{SandboxID: sb.ID, Hostname: sb.Hostname, NodeID: n.node, BootID: sb.Boot, Token: tok, PlanDigest: sb.Plan}
 			cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			_, err = n.control(cctx, sb, line)
+			err = n.verb(cctx, sb, func(c runner.Conn) error { return c.Claim(cctx, req) })
 			cancel()
 		}
 		if err != nil {
@@ -183,7 +190,7 @@ func (n *Nexus) claimFromPool(ctx context.Context, snap *Snapshot, names []strin
 			// A member that cannot be claimed is no member: remove it,
 			// and try the next (or fork cold).
 			n.log.Warn("a pool member could not be claimed; removing it", "sandbox", sb.ID, "err", err)
-			terminate(sb.PID, sb.PIDStart, 10*time.Second)
+			n.terminate(sb, 10*time.Second)
 			n.db.Update(func(tx *store.Tx) error { return n.unbirth(tx, sb) })
 			continue
 		}
@@ -206,7 +213,7 @@ func (n *Nexus) takeMember(snapID string) (*Sandbox, error) {
 			return err
 		}
 		for _, sb := range ms {
-			if sb.State != lifecycle.Running || sb.Lease != nil || !alive(sb.PID, sb.PIDStart) || !n.ready(sb) {
+			if sb.State != lifecycle.Running || sb.Lease != nil || !n.alive(sb) || !n.ready(sb) {
 				continue
 			}
 			sb.Lease = &store.Lease{Op: "claim", Holder: os.Getpid(), Expires: time.Now().Add(time.Minute)}
@@ -222,12 +229,12 @@ func (n *Nexus) takeMember(snapID string) (*Sandbox, error) {
 func (n *Nexus) ready(sb *Sandbox) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	c, err := client.Dial(ctx, n.sockPath(sb))
+	c, err := n.run.Dial(ctx, n.sandboxDir(sb.ID))
 	if err != nil {
 		return false
 	}
 	defer c.Close()
-	return c.Info()["agent"] == "connected"
+	return c.Info().AgentConnected()
 }
 
 // refillDelay is how long a refill waits after a claim. A restore is
@@ -235,7 +242,7 @@ func (n *Nexus) ready(sb *Sandbox) bool {
 // first requests come at once: on a small host the refill would take the
 // CPU they need. A pool drained faster than this refills later; forks
 // then restore cold, as without a pool.
-const refillDelay = 2 * time.Second
+var refillDelay = 2 * time.Second // a var: tests shorten it
 
 // topUp refills snapID's pool after refillDelay without making the caller
 // wait: in a detached `nexus pool fill` when the caller is a command about

@@ -2,8 +2,6 @@ package nexus
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"os"
@@ -15,24 +13,14 @@ import (
 
 	"github.com/nethersandbox/nether/nexus/lifecycle"
 	"github.com/nethersandbox/nether/nexus/store"
+	"github.com/nethersandbox/nether/runner"
 )
 
-// An artifact's meta.json records every file's length and a CRC32C of
-// each of its chunks, and its commit marker vouches for meta.json: the
-// sha256 of meta.json therefore pins the whole artifact. nexus records it
-// when the snapshot is committed and checks it before each use; nether
-// checks every chunk against meta.json as it restores.
-const metaFile = "meta.json"
-
-// digestOf is an artifact's content digest.
-func digestOf(dir string) (string, error) {
-	b, err := os.ReadFile(filepath.Join(dir, metaFile))
-	if err != nil {
-		return "", fmt.Errorf("reading the artifact's %s: %w", metaFile, err)
-	}
-	sum := sha256.Sum256(b)
-	return "sha256:" + hex.EncodeToString(sum[:]), nil
-}
+// An artifact's meta.json pins the whole artifact (runner.ArtifactDigest):
+// nexus records its digest when the snapshot is committed and checks it
+// before each use; nether checks every chunk against meta.json as it
+// restores.
+func digestOf(dir string) (string, error) { return runner.ArtifactDigest(dir) }
 
 // diskUsage is the bytes an artifact takes on disk (its RAM file is
 // sparse).
@@ -129,10 +117,10 @@ func (n *Nexus) captureInto(ctx context.Context, sb *Sandbox, name string, clean
 		n.db.Update(func(tx *store.Tx) error { return tx.DeleteSnapshot(snap) })
 		return nil, err
 	}
-	rel := "snap-" + id
+	rel := captureRel(id)
 	// nether writes artifacts inside its launch directory; the store is
 	// on the same filesystem, so the move is a rename.
-	if _, err := n.control(ctx, sb, "__snapshot__ "+rel); err != nil {
+	if err := n.verb(ctx, sb, func(c runner.Conn) error { _, err := c.Snapshot(ctx, rel); return err }); err != nil {
 		os.RemoveAll(filepath.Join(n.sandboxDir(sb.ID), rel))
 		return undo(err)
 	}
@@ -151,6 +139,10 @@ func (n *Nexus) captureInto(ctx context.Context, sb *Sandbox, name string, clean
 	return snap, nil
 }
 
+// captureRel is where, inside its sandbox's launch directory, nether
+// writes snapshot id's artifact before nexus moves it into the store.
+func captureRel(id string) string { return "snap-" + id }
+
 // reconcileSnapshots removes what an interrupted capture left: records
 // never committed, and artifact directories no record names.
 func (n *Nexus) reconcileSnapshots(tx *store.Tx, now time.Time) error {
@@ -163,6 +155,12 @@ func (n *Nexus) reconcileSnapshots(tx *store.Tx, now time.Time) error {
 		if s.Digest == "" && !s.Lease.Live(now) {
 			n.log.Warn("removing a snapshot whose capture never finished", "snapshot", s.ID)
 			os.RemoveAll(s.Dir)
+			if s.Source != "" {
+				// Where nether wrote it, when the nexus died before the
+				// move into the store: a whole guest's memory, else
+				// kept in the sandbox's directory for good.
+				os.RemoveAll(filepath.Join(n.sandboxDir(s.Source), captureRel(s.ID)))
+			}
 			if err := tx.DeleteSnapshot(s); err != nil {
 				return err
 			}

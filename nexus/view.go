@@ -2,12 +2,11 @@ package nexus
 
 import (
 	"context"
-	"path/filepath"
 	"strconv"
 	"strings"
 
-	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/nexus/lifecycle"
+	"github.com/nethersandbox/nether/runner"
 )
 
 // Detail is one sandbox as `inspect` shows it: the record, what it runs
@@ -74,10 +73,10 @@ func ParseFinal(line string) *Stop {
 func (n *Nexus) Describe(sb *Sandbox) Detail {
 	d := Detail{Sandbox: sb, Settings: effective(sb.Config), LastStop: ParseFinal(sb.Final)}
 	if sb.State == lifecycle.Running {
-		d.ControlSocket = filepath.Join(n.sandboxDir(sb.ID), sockName)
+		d.ControlSocket = n.controlSocket(sb)
 	}
 	if sb.Config.AppPort > 0 {
-		d.DataSocket = filepath.Join(n.sandboxDir(sb.ID), dataSockName)
+		d.DataSocket = n.dataSocket(sb)
 	}
 	return d
 }
@@ -93,7 +92,7 @@ func (n *Nexus) InspectDetail(ctx context.Context, ref string) (Detail, error) {
 
 // effective fills in nether's defaults for what c leaves unset.
 func effective(c Config) Config {
-	d := conf.Defaults("")
+	d := runner.Defaults
 	if c.CPUs == 0 {
 		c.CPUs = d.CPUs
 	}

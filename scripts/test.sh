@@ -14,6 +14,7 @@ if [ -n "$unformatted" ]; then
 fi
 go vet ./...
 GOOS=darwin go build -o /dev/null ./client ./cmd/nether-ctl
+GOOS=darwin go build ./nexus/... ./client/... ./runner/... ./cmd/nexus
 # Unit tests (fuzz targets run their seed corpora) with the race detector;
 # the end-to-end suite builds its own nether and boots real guests.
 go test -race -count=1 $(go list ./... | grep -v /test/e2e)

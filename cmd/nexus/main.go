@@ -23,7 +23,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
-	"golang.org/x/sys/unix"
 
 	"github.com/nethersandbox/nether/internal/conf"
 	"github.com/nethersandbox/nether/nexus"
@@ -997,9 +996,4 @@ func (a *app) treeCmd() *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&dot, "dot", false, "print a Graphviz digraph")
 	return cmd
-}
-
-func isTerminal(f *os.File) bool {
-	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
-	return err == nil
 }

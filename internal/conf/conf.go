@@ -431,13 +431,13 @@ var listKeys = map[string]bool{"net_allow": true, "net_block": true}
 
 // fields is in canonical order (Format, Report).
 var fields = []field{
-	{"control_socket",
+	{KeyControlSocket,
 		func(c *Config, v string) string { return setSocket(&c.ControlSocket, c.Dir, v) },
 		func(c *Config) string { return c.ControlSocket }},
-	{"cpus",
+	{KeyCPUs,
 		func(c *Config, v string) string { return setInt(&c.CPUs, v, 1, 32) },
 		func(c *Config) string { return strconv.Itoa(c.CPUs) }},
-	{"ram_mb",
+	{KeyRAMMB,
 		func(c *Config, v string) string { return setInt(&c.RAMMB, v, 128, 65536) },
 		func(c *Config) string { return strconv.Itoa(c.RAMMB) }},
 	{"max_output_bytes",
@@ -458,13 +458,13 @@ var fields = []field{
 			return msg
 		},
 		func(c *Config) string { return strconv.FormatInt(c.ConsoleLogMaxBytes, 10) }},
-	{"max_runtime_s",
+	{KeyMaxRuntimeS,
 		func(c *Config, v string) string { return setUint(&c.MaxRuntimeS, v) },
 		func(c *Config) string { return strconv.FormatInt(c.MaxRuntimeS, 10) }},
-	{"max_cpu_s",
+	{KeyMaxCPUS,
 		func(c *Config, v string) string { return setUint(&c.MaxCPUS, v) },
 		func(c *Config) string { return strconv.FormatInt(c.MaxCPUS, 10) }},
-	{"idle_timeout_s",
+	{KeyIdleTimeoutS,
 		func(c *Config, v string) string { return setUint(&c.IdleTimeoutS, v) },
 		func(c *Config) string { return strconv.FormatInt(c.IdleTimeoutS, 10) }},
 	{"x402",
@@ -485,7 +485,7 @@ var fields = []field{
 	{"image",
 		func(c *Config, v string) string { return setFile(&c.Image, c.Dir, v) },
 		func(c *Config) string { return c.Image }},
-	{"rootfs",
+	{KeyRootfs,
 		func(c *Config, v string) string {
 			if v == RootfsBusybox {
 				c.Rootfs = v
@@ -494,7 +494,7 @@ var fields = []field{
 			return setFile(&c.Rootfs, c.Dir, v)
 		},
 		func(c *Config) string { return c.Rootfs }},
-	{"run_as",
+	{KeyRunAs,
 		func(c *Config, v string) string {
 			if msg := checkUserName(v); msg != "" {
 				return msg
@@ -503,7 +503,7 @@ var fields = []field{
 			return ""
 		},
 		func(c *Config) string { return c.RunAs }},
-	{"disk",
+	{KeyDisk,
 		func(c *Config, v string) string {
 			p := resolve(c.Dir, v)
 			if st, err := os.Stat(p); err == nil && !st.Mode().IsRegular() {
@@ -513,13 +513,13 @@ var fields = []field{
 			return ""
 		},
 		func(c *Config) string { return c.Disk }},
-	{"disk_size_mb",
+	{KeyDiskSizeMB,
 		func(c *Config, v string) string { return setInt(&c.DiskSizeMB, v, MinDiskSizeMB, MaxDiskSizeMB) },
 		func(c *Config) string { return strconv.Itoa(c.DiskSizeMB) }},
-	{"restore",
+	{KeyRestore,
 		func(c *Config, v string) string { return setBool(&c.Restore, v) },
 		func(c *Config) string { return zeroOne(c.Restore) }},
-	{"restore_from",
+	{KeyRestoreFrom,
 		func(c *Config, v string) string {
 			// Absolute only: the snapshot usually lives in a shared store,
 			// and resolving against a per-sandbox directory would silently
@@ -550,7 +550,7 @@ var fields = []field{
 		func(c *Config) string { return zeroOne(c.ForkReseed) }},
 	// The identity keys come last so the positions of the older keys in
 	// Report and Format output do not move.
-	{"sandbox_id",
+	{KeySandboxID,
 		func(c *Config, v string) string {
 			if msg := checkSandboxID(v); msg != "" {
 				return msg
@@ -559,7 +559,7 @@ var fields = []field{
 			return ""
 		},
 		func(c *Config) string { return c.SandboxID }},
-	{"hostname",
+	{KeyHostname,
 		func(c *Config, v string) string {
 			if msg := checkHostname(v); msg != "" {
 				return msg
@@ -568,28 +568,28 @@ var fields = []field{
 			return ""
 		},
 		func(c *Config) string { return c.Hostname }},
-	{"gpu",
+	{KeyGPU,
 		func(c *Config, v string) string { return setBool(&c.GPU, v) },
 		func(c *Config) string { return zeroOne(c.GPU) }},
-	{"net",
+	{KeyNet,
 		func(c *Config, v string) string { return setBool(&c.Net, v) },
 		func(c *Config) string { return zeroOne(c.Net) }},
 	{"net_open",
 		func(c *Config, v string) string { return setBool(&c.NetOpen, v) },
 		func(c *Config) string { return zeroOne(c.NetOpen) }},
-	{"net_allow",
+	{KeyNetAllow,
 		func(c *Config, v string) string { return setPrefixes(&c.NetAllow, v) },
 		func(c *Config) string { return firewall.FormatList(c.NetAllow) }},
-	{"net_block",
+	{KeyNetBlock,
 		func(c *Config, v string) string { return setPrefixes(&c.NetBlock, v) },
 		func(c *Config) string { return firewall.FormatList(c.NetBlock) }},
 	{"net_rate_kbps",
 		func(c *Config, v string) string { return setUint(&c.NetRateKbps, v) },
 		func(c *Config) string { return strconv.FormatInt(c.NetRateKbps, 10) }},
-	{"app_port",
+	{KeyAppPort,
 		func(c *Config, v string) string { return setInt(&c.AppPort, v, 1, 65535) },
 		func(c *Config) string { return strconv.Itoa(c.AppPort) }},
-	{"data_socket",
+	{KeyDataSocket,
 		func(c *Config, v string) string { return setSocket(&c.DataSocket, c.Dir, v) },
 		func(c *Config) string { return c.DataSocket }},
 	{"max_data_conns",
@@ -601,20 +601,20 @@ var fields = []field{
 	{"data_rate_kbps",
 		func(c *Config, v string) string { return setUint(&c.DataRateKbps, v) },
 		func(c *Config) string { return strconv.FormatInt(c.DataRateKbps, 10) }},
-	{"egress_port",
+	{KeyEgressPort,
 		func(c *Config, v string) string { return setInt(&c.EgressPort, v, 1, 65535) },
 		func(c *Config) string { return strconv.Itoa(c.EgressPort) }},
 	{"egress_socket",
 		func(c *Config, v string) string { return setSocket(&c.EgressSocket, c.Dir, v) },
 		func(c *Config) string { return c.EgressSocket }},
 	// The boot identity keys (an orchestrator's), last for the same reason.
-	{"node_id",
+	{KeyNodeID,
 		func(c *Config, v string) string { return setID(&c.NodeID, "node id", v) },
 		func(c *Config) string { return c.NodeID }},
-	{"boot_id",
+	{KeyBootID,
 		func(c *Config, v string) string { return setID(&c.BootID, "boot id", v) },
 		func(c *Config) string { return c.BootID }},
-	{"plan_digest",
+	{KeyPlanDigest,
 		func(c *Config, v string) string {
 			if msg := checkDigest(v); msg != "" {
 				return msg
@@ -623,7 +623,7 @@ var fields = []field{
 			return ""
 		},
 		func(c *Config) string { return c.PlanDigest }},
-	{"identity_token",
+	{KeyIdentityToken,
 		func(c *Config, v string) string {
 			if msg := checkPrintable(v, "identity token", MaxIdentityToken); msg != "" {
 				return msg
@@ -632,7 +632,7 @@ var fields = []field{
 			return ""
 		},
 		func(c *Config) string { return c.IdentityToken }},
-	{"secrets_fd",
+	{KeySecretsFD,
 		func(c *Config, v string) string { return setInt(&c.SecretsFD, v, 3, 1<<20) },
 		func(c *Config) string { return strconv.Itoa(c.SecretsFD) }},
 }

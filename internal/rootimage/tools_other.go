@@ -25,7 +25,7 @@ func (ExecTools) MakeFS(context.Context, Recipe, string, string) error { return 
 
 func checkMakeFS(Format) error { return errUnsupported }
 func checkShell(string) error  { return errUnsupported }
-func extractLayers(context.Context, string, []layerSource) (ExtractStats, error) {
+func extractLayers(context.Context, string, []layerSource, int64) (ExtractStats, error) {
 	return ExtractStats{}, errUnsupported
 }
 
