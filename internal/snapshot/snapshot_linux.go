@@ -54,7 +54,7 @@ func Create(parent *os.File, name string) (*Writer, error) {
 		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
-		partial := "." + name + ".partial-" + randomHex(8)
+		partial := "." + name + partialInfix + randomHex(8)
 		err = unix.Mkdirat(parentfd, partial, 0o700)
 		if err == nil {
 			w.partial = partial
@@ -436,6 +436,12 @@ func parseMarker(b []byte) (int, [32]byte, error) {
 // the directory holds exactly the listed files, as regular files of
 // exactly the recorded sizes. Verify checks the contents.
 func Open(path string) (*Artifact, error) {
+	if isPartialName(filepath.Base(filepath.Clean(path))) {
+		// The marker is written inside the partial directory before the
+		// rename publishes it: a capture killed between the two leaves a
+		// marker that is not a commit.
+		return nil, pathErr(path, errc(ErrNotCommitted, nil, "not committed: a capture that was stopped before it was renamed into place (a leftover to remove)"))
+	}
 	dirfd, err := unix.Open(path, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	switch {
 	case errors.Is(err, unix.ENOENT):
@@ -865,4 +871,14 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b) // never fails (crypto/rand panics internally rather than return short)
 	return hex.EncodeToString(b)
+}
+
+// partialInfix is what names a Writer's directory before its commit
+// (".name.partial-<hex>"), as the jail knows it too.
+const partialInfix = ".partial-"
+
+// isPartialName says whether name is a Writer's directory before its
+// commit.
+func isPartialName(name string) bool {
+	return strings.HasPrefix(name, ".") && strings.Contains(name, partialInfix)
 }

@@ -586,6 +586,25 @@ func TestOpenPartialNeverValidates(t *testing.T) {
 	wantErr(t, "Open", err, "snapshot "+w.Dir(), "not committed", ErrNotCommitted)
 }
 
+// TestOpenKilledBeforeRename: a capture killed after it wrote its marker
+// but before the rename published it leaves a partial directory holding
+// a whole artifact and its marker; it still never validates.
+func TestOpenKilledBeforeRename(t *testing.T) {
+	dir := t.TempDir()
+	art := makeArtifact(t, dir, "big", KindPark, RAMFile)
+	if _, err := Open(art); err != nil {
+		t.Fatalf("the artifact itself: %v", err)
+	}
+	partial := filepath.Join(dir, ".big.partial-0123456789abcdef")
+	if err := os.Rename(art, partial); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Open(partial)
+	wantErr(t, "Open", err, "snapshot "+partial, "renamed into place", ErrNotCommitted)
+	_, err = Open(partial + "/")
+	wantErr(t, "Open", err, "", "renamed into place", ErrNotCommitted)
+}
+
 func TestAbort(t *testing.T) {
 	dir := t.TempDir()
 	w, err := Create(openDir(t, dir), "base")
