@@ -165,11 +165,23 @@ func resendAcrossSwap(t *testing.T, withLane bool) {
 	buf := make([]byte, 2*chunkSize)
 	n, _ := io.ReadFull(s, buf)
 	echoed.Write(buf[:n])
+	// That read gave the guest credit back, in a window frame the write
+	// loop may not have taken yet; a frozen host would keep it queued.
+	// Without it the guest's echo stalls with less than half a window
+	// consumed, so it grants nothing back, and the write below, which
+	// needs the guest's grants, waits for ever. (With a lane the chunks
+	// outgrow a window.) Once it is delivered the guest echoes all it
+	// has, and its grants come in while the host is frozen.
+	waitUntilDelivered(t, host, guest)
 	host.Freeze()
 	// More bytes sent while frozen go into the resend queue only.
 	rand.Read(chunk)
 	sent.Write(chunk)
-	s.Write(chunk)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if n, err := s.WriteContext(ctx, chunk); err != nil {
+		t.Fatalf("write while frozen: %d of %d bytes, %v (no credit came back from the guest)", n, len(chunk), err)
+	}
 	st := host.State()
 	enc, err := st.Marshal()
 	if err != nil {
@@ -225,6 +237,197 @@ func resendAcrossSwap(t *testing.T, withLane bool) {
 	}
 	if lane != nil && host2.LaneStats().BatchesOut == 0 {
 		t.Fatalf("the restored host did not use the lane: %+v", host2.LaneStats())
+	}
+}
+
+// TestCreditQueuedAtFreezeIsNotLost: a window grant a read queued just
+// before a freeze, which the frozen host never wrote, reaches the guest
+// after a thaw and after a restore, so the guest's writer waiting for
+// that credit carries on. (A lost grant would stall the stream for good
+// after a snapshot.)
+func TestCreditQueuedAtFreezeIsNotLost(t *testing.T) {
+	for _, restore := range []bool{false, true} {
+		t.Run(fmt.Sprintf("restore=%v", restore), func(t *testing.T) { creditQueuedAtFreeze(t, restore) })
+	}
+}
+
+func creditQueuedAtFreeze(t *testing.T, restore bool) {
+	host, guest := New(Host, quietLog()), New(Guest, quietLog())
+	defer func() { host.Close() }() // the restored one, once there is one
+	defer guest.Close()
+	hc, gc := net.Pipe()
+	hold := &holdConn{Conn: hc, entered: make(chan struct{}, 1)}
+	host.Attach(hold, false)
+	guest.Attach(gc, false)
+	s, err := host.Open(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := accept(t, guest)
+
+	// The host's write loop is held in a write (the ack for the guest's
+	// frames) while the host reads half a window: the grant that read
+	// makes is queued, and the freeze keeps it there.
+	release := hold.hold()
+	// The guest writes a window and a half: the last half waits for the
+	// credit the host grants when it reads.
+	data := make([]byte, Window+Window/2)
+	rand.Read(data)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := g.Write(data)
+		wrote <- err
+	}()
+	waitUntil(t, "the guest spent its window and the host acknowledges it", func() bool {
+		host.mu.Lock()
+		defer host.mu.Unlock()
+		return s.unreadLen == Window && len(hold.entered) == 1
+	})
+	got := make([]byte, Window/2)
+	if _, err := io.ReadFull(s, got); err != nil {
+		t.Fatal(err)
+	}
+	host.Freeze()
+	release()
+	st := host.State()
+	grants := 0
+	for _, p := range st.Unacked {
+		var d Decoder
+		d.Feed(append([]byte(nil), p.Encoded...))
+		if f, err := d.next(); err == nil && f.typ == typeWindow && f.stream == s.id {
+			grants++
+		}
+	}
+	host.mu.Lock()
+	queued := len(host.outq)
+	host.mu.Unlock()
+	if grants != 1 || queued == 0 {
+		t.Fatalf("the grant is not held by the frozen host: %d grants unacknowledged, %d frames queued", grants, queued)
+	}
+	select {
+	case err := <-wrote:
+		t.Fatalf("the guest's writer finished without the grant: %v", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+
+	if restore {
+		enc, err := st.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		host.Close()
+		hc.Close()
+		gc.Close()
+		back, err := UnmarshalState(enc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if host, err = Restore(back, quietLog()); err != nil {
+			t.Fatal(err)
+		}
+		s = host.Streams()[0]
+		hc2, gc2 := net.Pipe()
+		defer hc2.Close()
+		defer gc2.Close()
+		guest.Attach(gc2, false)
+		host.Attach(hc2, false)
+	} else {
+		host.Thaw()
+	}
+
+	// The grant alone lets the guest's writer finish: the host reads
+	// nothing more until it has (reading would grant more).
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatalf("the guest's write: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the guest's writer still waits for the credit granted before the freeze")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rest := make([]byte, len(data)-len(got))
+	for n := 0; n < len(rest); {
+		k, err := s.ReadContext(ctx, rest[n:])
+		if err != nil {
+			t.Fatalf("reading after the freeze: %d of %d bytes, %v", n, len(rest), err)
+		}
+		n += k
+	}
+	if !bytes.Equal(append(got, rest...), data) {
+		t.Fatal("the bytes read differ from the bytes written")
+	}
+}
+
+// holdConn is a transport whose writes can be held: while held, a write
+// waits (and says so on entered) until released.
+type holdConn struct {
+	net.Conn
+	mu      sync.Mutex
+	held    chan struct{} // closed to release; nil when not held
+	entered chan struct{}
+}
+
+// hold makes the next writes wait; the function returned releases them.
+func (c *holdConn) hold() (release func()) {
+	ch := make(chan struct{})
+	c.mu.Lock()
+	c.held = ch
+	c.mu.Unlock()
+	return func() {
+		c.mu.Lock()
+		c.held = nil
+		c.mu.Unlock()
+		close(ch)
+	}
+}
+
+func (c *holdConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	held := c.held
+	c.mu.Unlock()
+	if held != nil {
+		select {
+		case c.entered <- struct{}{}:
+		default:
+		}
+		<-held
+	}
+	return c.Conn.Write(p)
+}
+
+// waitUntil polls ok until it holds, or fails the test naming what.
+func waitUntil(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitUntilDelivered waits until every sequenced frame host sent has
+// reached guest.
+func waitUntilDelivered(t *testing.T, host, guest *Mux) {
+	t.Helper()
+	host.mu.Lock()
+	last := host.nextSeq - 1
+	host.mu.Unlock()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		guest.mu.Lock()
+		got := guest.recvSeq
+		guest.mu.Unlock()
+		if got >= last {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest has the host's frames up to %d, the host sent up to %d", got, last)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
