@@ -345,44 +345,65 @@ func okSnapshot(t *testing.T, c *client.Client, rel string) {
 // TestHardeningTransfersEnd: a __get__ of something that would never end
 // answers ERR and pins nothing; a __get__ whose client leaves is
 // cancelled on the spot.
+//
+// The stalled __get__ (TestHardeningTransferStalls) is a test of its own:
+// it waits out the host's 30 s stall timeout, with 15 s to spare, so it
+// runs beside other tests instead of holding up the serial ones.
 func TestHardeningTransfersEnd(t *testing.T) {
 	sb := forkOf(t, sharedBase(t))
 	c := sb.dial()
 	mustRun(t, c, "mkfifo /tmp/f && truncate -s 512M /tmp/sparse")
 	c.Close()
 	fb := newFaultBase(t, sb)
+	transfersEnd(t, sb, fb, "FIFO", "/tmp/f", 10*time.Second, "not a regular file")
+	transfersLeft(t, sb, fb)
+}
 
-	for _, tc := range []struct {
-		name, path string
-		within     time.Duration // the ERR must come within this
-		want       string        // and say this
-	}{
-		{"FIFO", "/tmp/f", 10 * time.Second, "not a regular file"},
-		// S_IFREG, but a read finds nothing for ever once the kernel's
-		// buffer is drained: ended by the host's stall timeout (30 s).
-		{"proc-kmsg", "/proc/kmsg", 45 * time.Second, ""},
-	} {
-		t.Run("get of "+tc.name, func(t *testing.T) {
-			c := primaryClient(t, sb)
-			began := time.Now()
-			body, exit, err := runFor(t, c, "__get__ "+tc.path+" out-"+tc.name, 2*time.Minute)
-			took := time.Since(began)
-			t.Logf("__get__ %s: %q exit %d after %s", tc.path, body, exit, took.Round(time.Millisecond))
-			if err != nil {
-				t.Fatalf("__get__ %s: no reply: %v", tc.path, err)
-			}
-			if exit != -1 || !strings.HasPrefix(body, "ERR ") || !strings.Contains(body, tc.want) {
-				t.Errorf("__get__ %s: %q exit %d; want a framed ERR (exit -1) saying %q", tc.path, body, exit, tc.want)
-			}
-			if took > tc.within {
-				t.Errorf("__get__ %s answered after %s, want within %s", tc.path, took, tc.within)
-			}
-			okSnapshot(t, c, "snap-"+tc.name)
-			c.Close()
-			fb.check(t, "__get__ "+tc.path, "snap-"+tc.name)
-		})
-	}
+// TestHardeningTransferStalls: a __get__ of a file that is S_IFREG but
+// whose read finds nothing for ever once the kernel's buffer is drained
+// (/proc/kmsg) is ended by the host's stall timeout (30 s) with an ERR,
+// and pins nothing.
+func TestHardeningTransferStalls(t *testing.T) {
+	t.Parallel()
+	sb := forkOf(t, sharedBase(t))
+	// A first command, as in TestHardeningTransfersEnd: the baseline's
+	// descriptors are those of a sandbox whose restore has finished.
+	c := sb.dial()
+	mustRun(t, c, "true")
+	c.Close()
+	fb := newFaultBase(t, sb)
+	transfersEnd(t, sb, fb, "proc-kmsg", "/proc/kmsg", 45*time.Second, "")
+}
 
+// transfersEnd: a __get__ of path answers a framed ERR saying want within
+// the bound, and a snapshot after it finds nothing pinned.
+func transfersEnd(t *testing.T, sb *sandbox, fb *faultBase, name, path string, within time.Duration, want string) {
+	t.Helper()
+	t.Run("get of "+name, func(t *testing.T) {
+		c := primaryClient(t, sb)
+		began := time.Now()
+		body, exit, err := runFor(t, c, "__get__ "+path+" out-"+name, 2*time.Minute)
+		took := time.Since(began)
+		t.Logf("__get__ %s: %q exit %d after %s", path, body, exit, took.Round(time.Millisecond))
+		if err != nil {
+			t.Fatalf("__get__ %s: no reply: %v", path, err)
+		}
+		if exit != -1 || !strings.HasPrefix(body, "ERR ") || !strings.Contains(body, want) {
+			t.Errorf("__get__ %s: %q exit %d; want a framed ERR (exit -1) saying %q", path, body, exit, want)
+		}
+		if took > within {
+			t.Errorf("__get__ %s answered after %s, want within %s", path, took, within)
+		}
+		okSnapshot(t, c, "snap-"+name)
+		c.Close()
+		fb.check(t, "__get__ "+path, "snap-"+name)
+	})
+}
+
+// transfersLeft: a __get__ whose client leaves is cancelled on the spot,
+// idle or streaming.
+func transfersLeft(t *testing.T, sb *sandbox, fb *faultBase) {
+	t.Helper()
 	for _, tc := range []struct {
 		name, path string
 		flowing    bool // wait for bytes to arrive before leaving

@@ -43,7 +43,7 @@ func TestChannelLane(t *testing.T) {
 		if back, err := os.ReadFile(filepath.Join(dir, "out.bin")); err != nil || sha256.Sum256(back) != sum {
 			t.Fatalf("generation %d: host copy differs (%d bytes, err %v)", gen, len(back), err)
 		}
-		out, in, refused := laneCounts(t, sb.stderr.String())
+		out, in, refused := laneCounts(t, sb, "get")
 		t.Logf("generation %d: lane batches out %d, in %d, refused %d", gen, out, in, refused)
 		if out == 0 || in == 0 || refused != 0 {
 			t.Fatalf("generation %d: the transfers did not go through the lane (batches out %d, in %d, refused %d)", gen, out, in, refused)
@@ -59,19 +59,28 @@ func TestChannelLane(t *testing.T) {
 	}
 }
 
-var laneLine = regexp.MustCompile(`msg="transfer done".* lane_batches_out=(\d+) .*lane_batches_in=(\d+) .*lane_refused=(\d+)`)
+var laneLine = regexp.MustCompile(`msg="transfer done" op=(\w+) .* lane_batches_out=(\d+) .*lane_batches_in=(\d+) .*lane_refused=(\d+)`)
 
 // laneCounts reads the lane's counters from nether's last "transfer
-// done" debug line.
-func laneCounts(t *testing.T, log string) (out, in, refused int) {
+// done" debug line, once that line is the one of op: nether logs it after
+// the reply, and its stderr reaches the test through a pipe, so the line
+// may come a moment after the reply did.
+func laneCounts(t *testing.T, sb *sandbox, op string) (out, in, refused int) {
 	t.Helper()
-	m := laneLine.FindAllStringSubmatch(log, -1)
-	if len(m) == 0 {
-		t.Fatal("no \"transfer done\" line in nether's debug log")
+	var last []string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if m := laneLine.FindAllStringSubmatch(sb.stderr.String(), -1); len(m) > 0 {
+			last = m[len(m)-1]
+			if last[1] == op {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no \"transfer done\" line for the %s in nether's debug log within 10 s (last: %q)", op, last)
+		}
 	}
-	last := m[len(m)-1]
-	out, _ = strconv.Atoi(last[1])
-	in, _ = strconv.Atoi(last[2])
-	refused, _ = strconv.Atoi(last[3])
+	out, _ = strconv.Atoi(last[2])
+	in, _ = strconv.Atoi(last[3])
+	refused, _ = strconv.Atoi(last[4])
 	return out, in, refused
 }
