@@ -91,6 +91,10 @@ func exitCode(err error) int {
 
 type usageError struct{ error }
 
+// opensLate marks a command that opens the state directory itself, later
+// than the others do (before they run).
+const opensLate = "nexus/opens-late"
+
 // isCobraUsage says whether err is one of cobra's own usage errors, which
 // it makes as plain strings: an unknown command ("nexus snapshots").
 func isCobraUsage(err error) bool {
@@ -202,7 +206,7 @@ exits with the guest command's status.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, args []string) error {
-			if cmd.Name() == "help" || cmd.Name() == "completion" {
+			if cmd.Name() == "help" || cmd.Name() == "completion" || cmd.Annotations[opensLate] != "" {
 				return nil
 			}
 			return a.open(cmd)
@@ -935,9 +939,16 @@ func (a *app) poolCmd() *cobra.Command {
 			case <-cmd.Context().Done():
 				return cmd.Context().Err()
 			}
+			// Opened only now: a claim starts this process at once, and
+			// opening reconciles every record, CPU the claimed child's
+			// first commands need on a small host.
+			if err := a.open(cmd); err != nil {
+				return err
+			}
 			return a.n.PoolFill(cmd.Context(), args[0])
 		},
 	}
+	fill.Annotations = map[string]string{opensLate: "true"}
 	fill.Flags().DurationVar(&after, "after", 0, "wait this long first")
 	cmd.AddCommand(set, &cobra.Command{
 		Use:   "ls",
