@@ -29,6 +29,14 @@ func admissionNexus(t *testing.T) (*Nexus, func(edit func(p *trust.Plan)) []byte
 	if err != nil {
 		t.Fatal(err)
 	}
+	return n, planSigner(t, n)
+}
+
+// planSigner makes a plan key "ops" that n trusts and returns a signer of
+// plans under it: each a fresh nonce, all one validity window (a child
+// plan signed a second after its parent is valid no longer than it).
+func planSigner(t *testing.T, n *Nexus) func(edit func(p *trust.Plan)) []byte {
+	t.Helper()
 	pub, err := n.CreateKey("ops")
 	if err != nil {
 		t.Fatal(err)
@@ -41,8 +49,9 @@ func admissionNexus(t *testing.T) (*Nexus, func(edit func(p *trust.Plan)) []byte
 	if err != nil {
 		t.Fatal(err)
 	}
-	sign := func(edit func(p *trust.Plan)) []byte {
-		p := trust.NewPlan(time.Now().Add(-time.Minute))
+	from := time.Now().Add(-time.Minute)
+	return func(edit func(p *trust.Plan)) []byte {
+		p := trust.NewPlan(from)
 		if edit != nil {
 			edit(p)
 		}
@@ -52,7 +61,6 @@ func admissionNexus(t *testing.T) (*Nexus, func(edit func(p *trust.Plan)) []byte
 		}
 		return b
 	}
-	return n, sign
 }
 
 func TestAdmissionOfCreate(t *testing.T) {

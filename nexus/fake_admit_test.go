@@ -21,32 +21,7 @@ import (
 func fakeAdmission(t *testing.T) (*Nexus, *fakerunner.Fake, func(edit func(p *trust.Plan)) []byte) {
 	t.Helper()
 	n, f := fakeNexus(t)
-	pub, err := n.CreateKey("ops")
-	if err != nil {
-		t.Fatal(err)
-	}
-	line, _ := os.ReadFile(pub)
-	if _, err := n.Trust(line); err != nil {
-		t.Fatal(err)
-	}
-	priv, err := n.Keyring().Key("ops")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// One validity window for every plan: a child plan signed a second
-	// after its parent is valid no longer than it.
-	from := time.Now().Add(-time.Minute)
-	return n, f, func(edit func(p *trust.Plan)) []byte {
-		p := trust.NewPlan(from)
-		if edit != nil {
-			edit(p)
-		}
-		b, err := trust.Sign(p, priv, "ops")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	return n, f, planSigner(t, n)
 }
 
 // events are the chain's events naming ref, in order.
