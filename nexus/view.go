@@ -39,22 +39,16 @@ type Stop struct {
 	Usage map[string]int64 `json:"usage"`
 }
 
-// failedReasons are the reasons nether exits 1 for.
-var failedReasons = map[string]bool{"guest_panic": true, "guest_crash": true, "error": true}
-
 // ParseFinal decodes a final usage record line ("[nether] final usage
 // (reason=shutdown): uptime_ms=3183 ..."); nil when line is not one.
 func ParseFinal(line string) *Stop {
-	_, rest, ok := strings.Cut(line, "(reason=")
-	if !ok {
-		return nil
-	}
-	reason, fields, ok := strings.Cut(rest, "):")
-	if !ok || reason == "" {
+	reason := runner.FinalReason(line)
+	_, fields, ok := strings.Cut(line, "):")
+	if reason == "" || !ok {
 		return nil
 	}
 	st := &Stop{Reason: reason, Usage: map[string]int64{}}
-	if failedReasons[reason] {
+	if runner.FailedReason(reason) {
 		st.Exit = 1
 	}
 	for _, f := range strings.Fields(fields) {
