@@ -380,7 +380,7 @@ func (a *app) lsCmd() *cobra.Command {
 			if a.asJSON {
 				return a.print(sbs, nil)
 			}
-			names := a.names(cmd.Context())
+			names := a.names(cmd.Context(), sbs, nil)
 			return a.print(sbs, func(w io.Writer) {
 				fmt.Fprintln(w, "ID\tNAME\tSTATE\tPARENT\tSNAPSHOT\tPLAN\tCREATED\tNOTE")
 				for _, sb := range sbs {
@@ -411,19 +411,22 @@ func note(sb *nexus.Sandbox, names names) string {
 // snapshots to their names.
 type names map[string]string
 
-// names reads every sandbox's and snapshot's name. A table that cannot
-// read them shows ids, shortened, as it did.
-func (a *app) names(ctx context.Context) names {
-	m := names{}
-	if sbs, err := a.n.List(ctx); err == nil {
-		for _, sb := range sbs {
-			m[sb.ID] = sb.Name
-		}
+// names reads every sandbox's and snapshot's name; a caller that has
+// already listed one kind passes it (nil is read here). A table that
+// cannot read them shows ids, shortened, as it did.
+func (a *app) names(ctx context.Context, sbs []*nexus.Sandbox, ss []*nexus.Snapshot) names {
+	if sbs == nil {
+		sbs, _ = a.n.List(ctx)
 	}
-	if ss, err := a.n.SnapshotList(ctx); err == nil {
-		for _, s := range ss {
-			m[s.ID] = s.Name
-		}
+	if ss == nil {
+		ss, _ = a.n.SnapshotList(ctx)
+	}
+	m := names{}
+	for _, sb := range sbs {
+		m[sb.ID] = sb.Name
+	}
+	for _, s := range ss {
+		m[s.ID] = s.Name
 	}
 	return m
 }
@@ -605,7 +608,7 @@ func (a *app) snapshotCmd() *cobra.Command {
 			if a.asJSON {
 				return a.print(ss, nil)
 			}
-			names := a.names(cmd.Context())
+			names := a.names(cmd.Context(), nil, ss)
 			return a.print(ss, func(w io.Writer) {
 				fmt.Fprintln(w, "ID\tNAME\tSOURCE\tCLASS\tSIZE\tREFS\tCREATED")
 				for _, s := range ss {
@@ -922,7 +925,7 @@ func (a *app) poolCmd() *cobra.Command {
 				return err
 			}
 			return a.print(p, func(w io.Writer) {
-				fmt.Fprintf(w, "pool of %s: %d\n", a.names(cmd.Context()).of(p.Snapshot), p.Size)
+				fmt.Fprintf(w, "pool of %s: %d\n", a.names(cmd.Context(), []*nexus.Sandbox{}, nil).of(p.Snapshot), p.Size)
 			})
 		},
 	}
@@ -962,7 +965,8 @@ func (a *app) poolCmd() *cobra.Command {
 			if a.asJSON {
 				return a.print(ps, nil)
 			}
-			names := a.names(cmd.Context())
+			// Pools are named by their snapshots: no sandbox is looked up.
+			names := a.names(cmd.Context(), []*nexus.Sandbox{}, nil)
 			return a.print(ps, func(w io.Writer) {
 				fmt.Fprintln(w, "SNAPSHOT\tSIZE\tMEMBERS\tREADY")
 				for _, p := range ps {
